@@ -1,0 +1,1 @@
+"""In-run checkers and offline gates (see the checkers issue)."""

@@ -1,0 +1,149 @@
+"""The `grpolab` command. `grpolab train [Miles-style flags]` runs GRPO and writes a run directory.
+
+Flags use Miles names and meanings; a repeated flag keeps its last value (argparse semantics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from grpolab.core.config import (
+    AlgorithmConfig,
+    CheckpointConfig,
+    ColocateConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    OptimizerConfig,
+    RewardConfig,
+    RolloutConfig,
+    RunConfig,
+)
+
+BOOL = "bool"
+
+# (flag, config section, field, type, help). Defaults come from the dataclasses.
+TRAIN_FLAGS: list[tuple[str, str, str, Any, str]] = [
+    ("--hf-checkpoint", "model", "hf_checkpoint", str, "model directory or .gguf file (default: the tiny fixture model)"),
+    ("--rollout-dtype", "model", "rollout_dtype", str, "engine dtype: float32 | bfloat16"),
+    ("--train-dtype", "model", "train_dtype", str, "trainer dtype: float32 | bfloat16"),
+    ("--device", "model", "device", str, "cpu or cuda[:N]; engine and trainer are colocated on it"),
+    ("--prompt-data", "data", "prompt_data", str, "prompts, .jsonl or .parquet (default: the fixture arithmetic set)"),
+    ("--input-key", "data", "input_key", str, "prompt field"),
+    ("--label-key", "data", "label_key", str, "label field"),
+    ("--rollout-shuffle", "data", "rollout_shuffle", BOOL, "shuffle prompts each epoch"),
+    ("--num-rollout", "rollout", "num_rollout", int, "number of rollouts"),
+    ("--rollout-batch-size", "rollout", "rollout_batch_size", int, "prompts per rollout"),
+    ("--n-samples-per-prompt", "rollout", "n_samples_per_prompt", int, "answers per prompt (group size)"),
+    ("--rollout-max-response-len", "rollout", "rollout_max_response_len", int, "max generated tokens"),
+    ("--rollout-temperature", "rollout", "rollout_temperature", float, "sampling temperature"),
+    ("--rollout-top-p", "rollout", "rollout_top_p", float, "nucleus sampling mass"),
+    ("--rollout-top-k", "rollout", "rollout_top_k", int, "top-k sampling (0 or -1 disables)"),
+    ("--rm-type", "reward", "rm_type", str, "built-in reward: math | boxed_math"),
+    ("--custom-rm-path", "reward", "custom_rm_path", str, "pkg.module.function reward (sync or async)"),
+    ("--group-rm", "reward", "group_rm", BOOL, "the custom reward scores a whole group at once"),
+    ("--reward-key", "reward", "reward_key", str, "key to read when the reward function returns a dict"),
+    ("--advantage-estimator", "algorithm", "advantage_estimator", str, "grpo"),
+    ("--disable-grpo-std-normalization", "algorithm", "disable_grpo_std_normalization", BOOL, "Dr.GRPO: subtract the group mean only"),
+    ("--eps-clip", "algorithm", "eps_clip", float, "PPO clip range"),
+    ("--eps-clip-high", "algorithm", "eps_clip_high", float, "upper clip (default: --eps-clip)"),
+    ("--eps-clip-c", "algorithm", "eps_clip_c", float, "dual-clip constant (> 1)"),
+    ("--use-kl-loss", "algorithm", "use_kl_loss", BOOL, "add KL to the reference to the loss"),
+    ("--kl-loss-coef", "algorithm", "kl_loss_coef", float, "KL loss coefficient"),
+    ("--kl-loss-type", "algorithm", "kl_loss_type", str, "k1 | k2 | k3 | low_var_kl"),
+    ("--use-tis", "algorithm", "use_tis", BOOL, "truncated importance sampling against engine log-probs"),
+    ("--tis-clip", "algorithm", "tis_clip", float, "TIS upper clip"),
+    ("--tis-clip-low", "algorithm", "tis_clip_low", float, "TIS lower clip"),
+    ("--entropy-coef", "algorithm", "entropy_coef", float, "entropy bonus coefficient"),
+    ("--calculate-per-token-loss", "algorithm", "calculate_per_token_loss", BOOL, "token mean instead of sample mean"),
+    ("--global-batch-size", "optimizer", "global_batch_size", int, "samples per optimizer step (default: all of a rollout)"),
+    ("--micro-batch-size", "optimizer", "micro_batch_size", int, "samples per forward/backward"),
+    ("--lr", "optimizer", "lr", float, "AdamW learning rate"),
+    ("--clip-grad", "optimizer", "clip_grad", float, "gradient norm clip (0 disables)"),
+    ("--weight-decay", "optimizer", "weight_decay", float, "AdamW weight decay"),
+    ("--colocate", "colocate", "colocate", BOOL, "engine and trainer share devices (offload around phases)"),
+    ("--offload-train", "colocate", "offload_train", BOOL, "offload trainer state during rollout"),
+    ("--offload-rollout", "colocate", "offload_rollout", BOOL, "release engine memory during training"),
+    ("--update-weight-buffer-size", "colocate", "update_weight_buffer_size", int, "bytes per weight-sync bucket"),
+    ("--save", "checkpoint", "save", str, "checkpoint directory"),
+    ("--load", "checkpoint", "load", str, "resume from the newest checkpoint here (empty dir: start fresh)"),
+    ("--save-interval", "checkpoint", "save_interval", int, "save every N rollouts (and at the end)"),
+    ("--run-dir", "run", "run_dir", str, "run directory (default runs/<time>-s<seed>)"),
+    ("--seed", "run", "seed", int, "run seed"),
+    ("--num-threads", "run", "num_threads", int, "torch CPU threads (pin for bitwise-reproducible CPU runs)"),
+    ("--progress", "run", "show_progress", BOOL, "progress bar during generation"),
+]
+
+SECTIONS: dict[str, Callable[..., Any]] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "rollout": RolloutConfig,
+    "reward": RewardConfig,
+    "algorithm": AlgorithmConfig,
+    "optimizer": OptimizerConfig,
+    "colocate": ColocateConfig,
+    "checkpoint": CheckpointConfig,
+    "run": RunConfig,
+}
+
+
+def add_train_flags(parser: argparse.ArgumentParser) -> None:
+    """Register every `grpolab train` flag; unset flags stay None so dataclass defaults apply."""
+    for flag, _section, _field, kind, help_text in TRAIN_FLAGS:
+        if kind == BOOL:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, default=None, help=help_text)
+    parser.add_argument(
+        "--apply-chat-template",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap prompts in the tokenizer's chat template (default: on for the built-in prompt set, off for --prompt-data)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Build the validated Config from parsed flags (ValueError names the offending flag)."""
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for flag, section, field, _kind, _help in TRAIN_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            sections[section][field] = value
+    chat = args.apply_chat_template
+    sections["data"]["apply_chat_template"] = (args.prompt_data is None) if chat is None else chat
+    return Config(**{name: cls(**sections[name]) for name, cls in SECTIONS.items()})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grpolab", description="A GRPO trainer built for debugging and reproducing RL runs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="run GRPO and write a run directory", allow_abbrev=False)
+    add_train_flags(train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `grpolab` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        from grpolab.core.loop import train
+
+        try:
+            config = config_from_args(args)
+        except ValueError as e:
+            parser.error(str(e))
+        try:
+            train(config, ["grpolab", *argv])
+        except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
+            print(f"grpolab train: error: {e}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

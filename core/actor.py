@@ -1,0 +1,250 @@
+"""The trainer side: policy model, frozen reference, AdamW, log-probs and the GRPO train step.
+
+What it computes: for each optimizer window of `--global-batch-size` samples, the PPO clipped
+surrogate on GRPO advantages (+ `--kl-loss-coef`·KL to the reference with `--use-kl-loss`,
+− `--entropy-coef`·entropy, × TIS weights with `--use-tis`), aggregated as a sample mean
+(Miles default) or token mean (`--calculate-per-token-loss`) whose denominator is counted over
+the whole window, so micro-batch size never changes the objective. Log-probs are float32 with
+logits divided by the rollout temperature; the logit at t−1 scores the token at t.
+
+Legend: `B` samples, `L` padded length, `V` vocabulary, `R` one sample's response length.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from grpolab.core import algorithms
+from grpolab.core.batch import MicroBatch, Sample, collate, split
+from grpolab.core.config import AlgorithmConfig, OptimizerConfig
+from grpolab.core.modeling import load_causal_lm
+
+
+@dataclass(kw_only=True)
+class LogProbs:
+    """Per-sample float32 [R] log-probs (and entropies when asked) of response tokens."""
+
+    log_probs: list[torch.Tensor]
+    entropy: list[torch.Tensor] | None = None
+
+
+class Actor:
+    """Policy + reference model and optimizer, colocated with the engine.
+
+    Args:
+        checkpoint: `--hf-checkpoint`.
+        dtype / device: `--train-dtype` / `--device`.
+        optimizer: batching and AdamW settings; algorithm: loss settings.
+        temperature: `--rollout-temperature`, applied to trainer logits the same way the engine did.
+        build_optimizer: False for `--debug-disable-optimizer` style runs (forward/backward only).
+        padding_side: how micro-batches are padded (results do not depend on it).
+    """
+
+    def __init__(
+        self,
+        checkpoint: str,
+        *,
+        dtype: torch.dtype,
+        device: str,
+        optimizer: OptimizerConfig,
+        algorithm: AlgorithmConfig,
+        temperature: float,
+        build_optimizer: bool = True,
+        padding_side: str = "right",
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = load_causal_lm(checkpoint, dtype=dtype, device=self.device)
+        self.ref_model = copy.deepcopy(self.model).requires_grad_(False)
+        self.opt_cfg = optimizer
+        self.algo = algorithm
+        self.temperature = temperature
+        self.padding_side = padding_side
+        config = self.model.config
+        self.vocab_size = int(config.vocab_size)
+        pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+        self.pad_id = int(pad if not isinstance(pad, list) else pad[0]) if pad is not None else 0
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        if build_optimizer:
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(),
+                lr=optimizer.lr,
+                betas=(optimizer.adam_beta1, optimizer.adam_beta2),
+                eps=optimizer.adam_eps,
+                weight_decay=optimizer.weight_decay,
+            )
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # Miles default: constant
+        self.offloaded = False
+
+    # ------------------------------------------------------------------ log-probs
+    def _collate(self, samples: list[Sample]) -> MicroBatch:
+        return collate(samples, pad_id=self.pad_id, padding_side=self.padding_side, vocab_size=self.vocab_size, device=self.device)
+
+    def _forward(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Response-position log-probs [B, L] (float32) and entropies [B, L] of one micro-batch."""
+        logits_BLV = model(
+            input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, position_ids=mb.position_ids_BL, use_cache=False
+        ).logits
+        log_probs_BL = algorithms.token_log_probs(logits_BLV, mb.input_ids_BL, temperature=self.temperature, keep_mask_BLV=mb.keep_mask_BLV)
+        entropy_BL = None
+        if with_entropy:
+            # entropy of the distribution that scores token t lives in logits row t-1 (unmasked support, as slime)
+            shifted_BLV = torch.cat([logits_BLV[:, :1], logits_BLV[:, :-1]], dim=1).float() / self.temperature
+            entropy_BL = algorithms.entropy_from_logits(shifted_BLV)
+        return log_probs_BL, entropy_BL
+
+    @torch.no_grad()
+    def compute_log_probs(self, samples: list[Sample], *, reference: bool = False, with_entropy: bool = False) -> LogProbs:
+        """Log-probs of every sample's response under the policy (or the frozen reference).
+
+        Micro-batches follow `--micro-batch-size` in sample order, the same split `train` uses, so
+        before the first optimizer step the policy's values here equal the training forward's bitwise.
+        """
+        model = self.ref_model if reference else self.model
+        out_lp: list[torch.Tensor] = []
+        out_ent: list[torch.Tensor] = []
+        for chunk in self._micro_batches(samples):
+            mb = self._collate(chunk)
+            lp_BL, ent_BL = self._forward(model, mb, with_entropy)
+            out_lp += [t.cpu() for t in mb.gather(lp_BL)]
+            if ent_BL is not None:
+                out_ent += [t.cpu() for t in mb.gather(ent_BL)]
+        return LogProbs(log_probs=out_lp, entropy=out_ent if with_entropy else None)
+
+    def _micro_batches(self, samples: list[Sample]) -> Iterator[list[Sample]]:
+        """Samples split into optimizer windows, then micro-batches: the exact split training uses."""
+        gbs = self.opt_cfg.global_batch_size
+        assert gbs is not None
+        for window in split(samples, gbs):
+            yield from split(window, self.opt_cfg.micro_batch_size)
+
+    # ------------------------------------------------------------------ training
+    def train(
+        self, samples: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None, *, step_offset: int, apply_update: bool = True
+    ) -> list[dict[str, float]]:
+        """Run the optimizer steps of one rollout; return one `train/*` metrics dict per step.
+
+        Args:
+            samples: the rollout's samples, in order; consecutive windows of `--global-batch-size`.
+            old: per-sample float32 [R] log-probs before training (the PPO "old" policy).
+            ref: per-sample reference log-probs (needed with `--use-kl-loss`), else None.
+            step_offset: `train/step` of the first window (rollout_id × steps_per_rollout).
+            apply_update: False skips the optimizer step (forward/backward still run).
+        """
+        gbs = self.opt_cfg.global_batch_size
+        assert gbs is not None
+        metrics = []
+        self.model.train()
+        for step_id, start in enumerate(range(0, len(samples), gbs)):
+            window = list(range(start, min(start + gbs, len(samples))))
+            metrics.append(self._train_window(samples, window, old, ref, step_offset + step_id, apply_update))
+        self.model.eval()
+        return metrics
+
+    def _train_window(
+        self, samples: list[Sample], window: list[int], old: list[torch.Tensor], ref: list[torch.Tensor] | None, step: int, apply_update: bool
+    ) -> dict[str, float]:
+        algo = self.algo
+        mode = "token_mean" if algo.calculate_per_token_loss else "sample_mean"
+        denominator = float(sum(int(samples[i].loss_mask.sum()) for i in window)) if mode == "token_mean" else float(len(window))
+        denominator = max(denominator, 1.0)
+        sums: dict[str, float] = {}
+
+        def add(name: str, value: torch.Tensor) -> None:
+            sums[name] = sums.get(name, 0.0) + float(value.detach())
+
+        self.model.zero_grad(set_to_none=True)
+        for chunk in split(window, self.opt_cfg.micro_batch_size):
+            mb = self._collate([samples[i] for i in chunk])
+            mask_BL = mb.scatter([samples[i].loss_mask for i in chunk]) > 0
+            old_BL = mb.scatter([old[i] for i in chunk])
+            adv_BL = mb.scatter([torch.full_like(samples[i].loss_mask, samples[i].advantage) for i in chunk])
+            rollout_BL = mb.scatter([samples[i].rollout_log_probs for i in chunk])
+            log_probs_BL, entropy_BL = self._forward(self.model, mb, with_entropy=True)
+            assert entropy_BL is not None
+
+            pg_BL, clipfrac_BL, ppo_kl_BL = algorithms.policy_loss(
+                log_probs_BL, old_BL, adv_BL, eps_clip=algo.eps_clip, eps_clip_high=algo.eps_clip_high, eps_clip_c=algo.eps_clip_c
+            )
+            if algo.use_tis:
+                tis_BL, tis_raw_BL = algorithms.tis_weights(old_BL, rollout_BL, clip_low=algo.tis_clip_low, clip_high=algo.tis_clip)
+                pg_BL = pg_BL * tis_BL
+                add("train/tis", algorithms.aggregate_loss(tis_raw_BL, mask_BL, mode=mode, denominator=denominator))
+                add("train/tis_abs", algorithms.aggregate_loss((tis_raw_BL - 1).abs(), mask_BL, mode=mode, denominator=denominator))
+                clipped_BL = ((tis_raw_BL < algo.tis_clip_low) | (tis_raw_BL > algo.tis_clip)).float()
+                add("train/tis_clipfrac", algorithms.aggregate_loss(clipped_BL, mask_BL, mode=mode, denominator=denominator))
+
+            def agg(values_BL: torch.Tensor) -> torch.Tensor:
+                return algorithms.aggregate_loss(values_BL, mask_BL, mode=mode, denominator=denominator)
+
+            pg_loss = agg(pg_BL)
+            entropy_loss = agg(entropy_BL)
+            loss = pg_loss - algo.entropy_coef * entropy_loss
+            if algo.use_kl_loss:
+                assert ref is not None, "--use-kl-loss needs reference log-probs"
+                ref_BL = mb.scatter([ref[i] for i in chunk])
+                kl_loss = agg(algorithms.get_kl_estimator(algo.kl_loss_type)(log_probs_BL, ref_BL))
+                loss = loss + algo.kl_loss_coef * kl_loss
+                add("train/kl_loss", kl_loss)
+            loss.backward()
+            add("train/loss", loss)
+            add("train/pg_loss", pg_loss)
+            add("train/entropy_loss", entropy_loss)
+            add("train/pg_clipfrac", agg(clipfrac_BL))
+            add("train/ppo_kl", agg(ppo_kl_BL))
+            with torch.no_grad():
+                diff_BL = (old_BL - rollout_BL).abs()
+                add("train/train_rollout_logprob_abs_diff", agg(diff_BL))
+                add("train/train_rollout_kl", agg(algorithms.get_kl_estimator("low_var_kl")(old_BL, rollout_BL)))
+
+        max_norm = self.opt_cfg.clip_grad if self.opt_cfg.clip_grad > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if apply_update and self.optimizer is not None:
+            self.optimizer.step()
+            assert self.scheduler is not None
+            lr = self.scheduler.get_last_lr()[0]
+            self.scheduler.step()
+        else:
+            lr = 0.0
+        self.model.zero_grad(set_to_none=True)
+        sums["train/grad_norm"] = float(grad_norm)
+        sums["train/lr-pg_0"] = float(lr)
+        sums["train/step"] = float(step)
+        return sums
+
+    # ------------------------------------------------------------------ colocation
+    def offload(self) -> None:
+        """Move weights, reference and optimizer state to CPU (a no-op move on CPU runs)."""
+        self._move(torch.device("cpu"))
+        self.offloaded = True
+
+    def onload(self) -> None:
+        """Move everything back to the training device."""
+        self._move(self.device)
+        self.offloaded = False
+
+    def _move(self, device: torch.device) -> None:
+        self.model.to(device)
+        self.ref_model.to(device)
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for k, v in state.items():
+                    if isinstance(v, torch.Tensor) and k != "step":
+                        state[k] = v.to(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) for every distinct weight, tied weights once (what the engine sync sends)."""
+        seen: set[int] = set()
+        for name, tensor in self.model.state_dict().items():
+            key = tensor.data_ptr()
+            if key in seen:
+                continue
+            seen.add(key)
+            yield name, tensor.detach()

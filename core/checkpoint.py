@@ -1,0 +1,133 @@
+"""Checkpoints: `--save DIR` writes `DIR/iter_<N>/`, `--load DIR` resumes from the newest one.
+
+An iteration directory holds the policy weights (safetensors), optimizer and scheduler state and
+RNG state (`torch.save`, read back with `weights_only=True`), and `trainer_state.json` (next
+rollout id, data position, weight version, model fingerprint). It is written under a temporary
+name and renamed into place, then `latest_checkpointed_iteration.txt` is replaced atomically, so
+a crash mid-save never leaves a half checkpoint that `--load` would pick.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from grpolab.core.actor import Actor
+from grpolab.core.atomic import atomic_write_bytes, atomic_write_json
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used with this run (names the directory and the reason)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerState:
+    """Counters restored on resume."""
+
+    next_rollout_id: int
+    data_position: int
+    weight_version: int
+    model_fingerprint: str
+
+
+def iteration_dir(parent: str | Path, next_rollout_id: int) -> Path:
+    """`parent/iter_0000007` for a checkpoint taken before rollout 7 runs."""
+    return Path(parent) / f"iter_{next_rollout_id:07d}"
+
+
+def save_checkpoint(parent: str | Path, actor: Actor, state: TrainerState) -> Path:
+    """Write one checkpoint atomically; return its directory."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    final = iteration_dir(parent, state.next_rollout_id)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{final.name}."))
+    try:
+        weights = {name: t.detach().cpu().contiguous() for name, t in actor.named_weights()}
+        save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        if actor.optimizer is not None and actor.scheduler is not None:
+            torch.save(actor.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(actor.scheduler.state_dict(), tmp / "scheduler.pt")
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, tmp / "rng.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps(state.__dict__, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_bytes(parent / LATEST_FILE, f"{state.next_rollout_id}\n".encode())
+    return final
+
+
+def find_latest(parent: str | Path) -> Path | None:
+    """The newest complete iteration directory under `parent`, or None when there is none.
+
+    Raises:
+        CheckpointError: when the latest-file names a directory that does not exist.
+    """
+    parent = Path(parent)
+    latest = parent / LATEST_FILE
+    if not latest.exists():
+        return None
+    text = latest.read_text().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"--load: {latest} should hold an iteration number, found {text[:40]!r}")
+    path = iteration_dir(parent, int(text))
+    if not (path / "trainer_state.json").exists():
+        raise CheckpointError(f"--load: {latest} names {path.name}, but {path} is missing or incomplete")
+    return path
+
+
+def load_checkpoint(path: str | Path, actor: Actor, *, model_fingerprint: str) -> TrainerState:
+    """Restore weights, optimizer, scheduler and RNG into `actor`; return the counters.
+
+    Raises:
+        CheckpointError: when the checkpoint was made from another model (fingerprint or tensor
+            names/shapes differ), naming the directory and the differing fields.
+    """
+    path = Path(path)
+    state = TrainerState(**json.loads((path / "trainer_state.json").read_text()))
+    if state.model_fingerprint != model_fingerprint:
+        raise CheckpointError(
+            f"--load: {path} was saved from another model (model fingerprint {state.model_fingerprint} != "
+            f"{model_fingerprint} of --hf-checkpoint)"
+        )
+    weights = load_file(path / "model.safetensors")
+    own = dict(actor.named_weights())
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    wrong = [f"{k}: {tuple(weights[k].shape)} vs {tuple(v.shape)}" for k, v in own.items() if k in weights and weights[k].shape != v.shape]
+    if missing or unexpected or wrong:
+        raise CheckpointError(
+            f"--load: {path} does not fit --hf-checkpoint: missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {wrong[:5]}"
+        )
+    with torch.no_grad():
+        for name, tensor in own.items():
+            tensor.copy_(weights[name])
+    if actor.optimizer is not None and (path / "optimizer.pt").exists():
+        actor.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location=actor.device))
+        assert actor.scheduler is not None
+        actor.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    rng = torch.load(path / "rng.pt", weights_only=True)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(_as_random_state(rng["python"]))
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return state
+
+
+def _as_random_state(state: object) -> tuple:
+    """`random.setstate` needs tuples; the safe loader may hand back lists."""
+    version, internal, gauss = state  # type: ignore[misc]
+    return (version, tuple(internal), gauss)

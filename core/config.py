@@ -1,0 +1,257 @@
+"""Run configuration: one keyword-only dataclass per component, validated on construction.
+
+Field names follow Miles flags (`--rollout-batch-size` -> `rollout_batch_size`). Every check
+raises ValueError naming the flag and what was expected. `Config.to_dict()` is what `run.json`
+stores as the resolved config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
+DEFAULT_CHECKPOINT = FIXTURES_DIR / "tiny-qwen3"
+DEFAULT_PROMPT_DATA = FIXTURES_DIR / "data" / "arithmetic_train.jsonl"
+KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Which weights to load and in which precision."""
+
+    hf_checkpoint: str = str(DEFAULT_CHECKPOINT)
+    """`--hf-checkpoint`: model directory (save_pretrained layout) or a .gguf file."""
+    rollout_dtype: str = "float32"
+    """`--rollout-dtype`: engine parameter dtype."""
+    train_dtype: str = "float32"
+    """`--train-dtype`: trainer parameter dtype (log-probs are always computed in float32)."""
+    device: str = "cpu"
+    """`--device`: "cpu" or "cuda" (trainer and in-process engine share it: colocated)."""
+
+    def __post_init__(self) -> None:
+        _require(self.rollout_dtype in DTYPE_NAMES, f"--rollout-dtype must be one of {DTYPE_NAMES}, got {self.rollout_dtype!r}")
+        _require(self.train_dtype in DTYPE_NAMES, f"--train-dtype must be one of {DTYPE_NAMES}, got {self.train_dtype!r}")
+        _require(self.device.split(":")[0] in ("cpu", "cuda"), f"--device must be cpu or cuda[:N], got {self.device!r}")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Prompt dataset (jsonl or parquet)."""
+
+    prompt_data: str = str(DEFAULT_PROMPT_DATA)
+    """`--prompt-data`: path to a .jsonl or .parquet file of prompts."""
+    input_key: str = "question"
+    """`--input-key`: field holding the prompt text (or a list of chat messages)."""
+    label_key: str = "answer"
+    """`--label-key`: field holding the reference answer passed to the reward function."""
+    apply_chat_template: bool = True
+    """`--apply-chat-template`: wrap the prompt with the tokenizer's chat template."""
+    rollout_shuffle: bool = True
+    """`--rollout-shuffle`: shuffle prompts each epoch (seeded by `--seed` and the epoch)."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.input_key), "--input-key must not be empty")
+        _require(bool(self.label_key), "--label-key must not be empty")
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """How many prompts and answers each rollout produces and how they are sampled."""
+
+    num_rollout: int = 8
+    """`--num-rollout`: number of rollouts (= GRPO iterations) in the run."""
+    rollout_batch_size: int = 8
+    """`--rollout-batch-size`: prompts per rollout."""
+    n_samples_per_prompt: int = 8
+    """`--n-samples-per-prompt`: answers per prompt (the GRPO group size)."""
+    rollout_max_response_len: int = 32
+    """`--rollout-max-response-len`: generation cap in tokens; answers that hit it are truncated."""
+    rollout_temperature: float = 1.0
+    """`--rollout-temperature`."""
+    rollout_top_p: float = 1.0
+    """`--rollout-top-p`."""
+    rollout_top_k: int = 0
+    """`--rollout-top-k` (0 disables; Miles uses -1 for the same)."""
+
+    def __post_init__(self) -> None:
+        _require(self.num_rollout >= 1, f"--num-rollout must be >= 1, got {self.num_rollout}")
+        _require(self.rollout_batch_size >= 1, f"--rollout-batch-size must be >= 1, got {self.rollout_batch_size}")
+        _require(self.n_samples_per_prompt >= 1, f"--n-samples-per-prompt must be >= 1, got {self.n_samples_per_prompt}")
+        _require(self.rollout_max_response_len >= 1, f"--rollout-max-response-len must be >= 1, got {self.rollout_max_response_len}")
+        _require(self.rollout_temperature > 0, f"--rollout-temperature must be > 0, got {self.rollout_temperature}")
+        _require(0 < self.rollout_top_p <= 1, f"--rollout-top-p must be in (0, 1], got {self.rollout_top_p}")
+        if self.rollout_top_k < 0:
+            self.rollout_top_k = 0
+
+    @property
+    def samples_per_rollout(self) -> int:
+        """rollout_batch_size × n_samples_per_prompt."""
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+
+@dataclass(kw_only=True)
+class RewardConfig:
+    """Reward model selection (Miles `--rm-type`, `--custom-rm-path`, `--group-rm`, `--reward-key`)."""
+
+    rm_type: str | None = "math"
+    custom_rm_path: str | None = None
+    group_rm: bool = False
+    reward_key: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.rm_type is not None or self.custom_rm_path is not None, "one of --rm-type or --custom-rm-path is required")
+        _require(not self.group_rm or self.custom_rm_path is not None, "--group-rm needs --custom-rm-path (a function scoring a whole group)")
+
+
+@dataclass(kw_only=True)
+class AlgorithmConfig:
+    """GRPO advantages and the PPO-style loss (Miles notes 5.1-5.7)."""
+
+    advantage_estimator: str = "grpo"
+    disable_grpo_std_normalization: bool = False
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    """`--eps-clip-high`; None means equal to `--eps-clip` (Miles)."""
+    eps_clip_c: float | None = None
+    """`--eps-clip-c`: dual-clip constant (> 1), None disables."""
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "k1"
+    use_tis: bool = False
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    entropy_coef: float = 0.0
+    calculate_per_token_loss: bool = False
+    """`--calculate-per-token-loss`: token mean over the optimizer window instead of sample mean."""
+
+    def __post_init__(self) -> None:
+        _require(self.advantage_estimator == "grpo", f"--advantage-estimator: only 'grpo' is supported, got {self.advantage_estimator!r}")
+        _require(self.eps_clip > 0, f"--eps-clip must be > 0, got {self.eps_clip}")
+        if self.eps_clip_high is None:
+            self.eps_clip_high = self.eps_clip
+        _require(self.eps_clip_high > 0, f"--eps-clip-high must be > 0, got {self.eps_clip_high}")
+        _require(self.eps_clip_c is None or self.eps_clip_c > 1, f"--eps-clip-c must be > 1, got {self.eps_clip_c}")
+        _require(self.kl_loss_type in KL_LOSS_TYPES, f"--kl-loss-type must be one of {KL_LOSS_TYPES}, got {self.kl_loss_type!r}")
+        _require(self.kl_loss_coef >= 0, f"--kl-loss-coef must be >= 0, got {self.kl_loss_coef}")
+        _require(0 <= self.tis_clip_low < self.tis_clip, f"--tis-clip-low/--tis-clip must satisfy 0 <= low < high, got {self.tis_clip_low}, {self.tis_clip}")
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    """Batching into optimizer steps and the AdamW optimizer."""
+
+    global_batch_size: int | None = None
+    """`--global-batch-size`: samples per optimizer step; None = all samples of a rollout (one step per rollout)."""
+    micro_batch_size: int = 16
+    """`--micro-batch-size`: samples per forward/backward; does not change the objective."""
+    lr: float = 2e-4
+    clip_grad: float = 1.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        _require(self.global_batch_size is None or self.global_batch_size >= 1, f"--global-batch-size must be >= 1, got {self.global_batch_size}")
+        _require(self.micro_batch_size >= 1, f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
+        _require(self.lr >= 0, f"--lr must be >= 0, got {self.lr}")
+        _require(self.clip_grad >= 0, f"--clip-grad must be >= 0 (0 disables), got {self.clip_grad}")
+
+
+@dataclass(kw_only=True)
+class ColocateConfig:
+    """Engine and trainer share the devices; state is offloaded around each phase."""
+
+    colocate: bool = True
+    offload_train: bool = True
+    offload_rollout: bool = True
+    update_weight_buffer_size: int = 512 * 1024**2
+    """`--update-weight-buffer-size`: bytes per weight-sync bucket (Miles default 512 MiB)."""
+
+    def __post_init__(self) -> None:
+        _require(self.update_weight_buffer_size >= 1, f"--update-weight-buffer-size must be >= 1 byte, got {self.update_weight_buffer_size}")
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """`--save DIR` / `--load DIR` / `--save-interval N` (in rollouts)."""
+
+    save: str | None = None
+    load: str | None = None
+    save_interval: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.save_interval is None or self.save_interval >= 1, f"--save-interval must be >= 1, got {self.save_interval}")
+        _require(self.save_interval is None or self.save is not None, "--save-interval needs --save DIR")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Where the run directory goes and the run seed."""
+
+    run_dir: str | None = None
+    """`--run-dir`: the run directory; default `runs/<time>-<seed>`."""
+    seed: int = 1234
+    num_threads: int | None = None
+    """`--num-threads`: torch intra-op threads (pinned; results differ between thread counts on CPU)."""
+    show_progress: bool = True
+
+
+@dataclass(kw_only=True)
+class Config:
+    """The whole resolved configuration of a run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    colocate: ColocateConfig = field(default_factory=ColocateConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        samples = self.rollout.samples_per_rollout
+        if self.optimizer.global_batch_size is None:
+            self.optimizer.global_batch_size = samples
+        gbs = self.optimizer.global_batch_size
+        _require(
+            samples % gbs == 0,
+            f"--global-batch-size {gbs} must divide the rollout's samples: --rollout-batch-size "
+            f"{self.rollout.rollout_batch_size} × --n-samples-per-prompt {self.rollout.n_samples_per_prompt} = {samples}",
+        )
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps per rollout = samples per rollout / global batch size."""
+        assert self.optimizer.global_batch_size is not None
+        return self.rollout.samples_per_rollout // self.optimizer.global_batch_size
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Nested plain dict, component name → field → value (JSON-serializable)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, dict[str, Any]]) -> Config:
+        """Inverse of `to_dict`; unknown components or fields raise ValueError naming them."""
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            section = dict(data.get(f.name, {}))
+            component = f.default_factory  # type: ignore[misc]
+            known = {g.name for g in dataclasses.fields(component)}
+            unknown = set(section) - known
+            _require(not unknown, f"config section {f.name!r} has unknown fields {sorted(unknown)}")
+            kwargs[f.name] = component(**section)
+        extra = set(data) - {f.name for f in dataclasses.fields(cls)}
+        _require(not extra, f"config has unknown sections {sorted(extra)}")
+        return cls(**kwargs)

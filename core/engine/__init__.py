@@ -1,0 +1,1 @@
+"""Rollout engines: the protocol and the in-process torch engine."""

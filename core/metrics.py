@@ -1,0 +1,116 @@
+"""Miles-named metrics of one rollout, phase timers, and the log-line format.
+
+Keys follow Miles (notes-miles-slime-areal.md section 4.3): trainer-side `rollout/*` token metrics
+are per-sample masked means averaged over samples; `rollout/zero_std/count_<r>` counts groups whose
+rewards are all equal, keyed by `str(round(r, 1))` with integral values printed as ints.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from grpolab.core.batch import Sample
+
+
+def _sample_mean(values: list[torch.Tensor], masks: list[torch.Tensor]) -> float:
+    """Mean over samples of each sample's masked token mean (mask sum floored at 1)."""
+    if not values:
+        return 0.0
+    per_sample = [float((v * m).sum() / m.sum().clamp(min=1)) for v, m in zip(values, masks)]
+    return sum(per_sample) / len(per_sample)
+
+
+def _reward_key(r: float) -> str:
+    rounded = round(r, 1)
+    return str(int(rounded)) if float(rounded).is_integer() else str(rounded)
+
+
+def rollout_metrics(
+    samples: list[Sample],
+    *,
+    log_probs: list[torch.Tensor],
+    ref_log_probs: list[torch.Tensor] | None,
+    entropy: list[torch.Tensor] | None,
+    rollout_id: int,
+) -> dict[str, float]:
+    """The `rollout N:` line: reward, length, truncation, zero-std groups and token-level means.
+
+    Args:
+        samples: the rollout's samples with rewards and advantages filled in.
+        log_probs / ref_log_probs / entropy: per-sample float32 [R] trainer values before training.
+    """
+    masks = [s.loss_mask for s in samples]
+    lengths = [s.response_length for s in samples]
+    out: dict[str, float] = {
+        "rollout/raw_reward": sum(s.reward for s in samples) / len(samples),
+        "rollout/rewards": sum(s.advantage for s in samples) / len(samples),
+        "rollout/advantages": _sample_mean([torch.full_like(s.loss_mask, s.advantage) for s in samples], masks),
+        "rollout/response_lengths": sum(lengths) / len(lengths),
+        "rollout/total_lengths": sum(len(s.prompt_ids) + s.response_length for s in samples) / len(samples),
+        "rollout/truncated": sum(s.truncated for s in samples) / len(samples),
+        "rollout/response_len/mean": sum(lengths) / len(lengths),
+        "rollout/response_len/median": float(statistics.median(lengths)),
+        "rollout/response_len/max": float(max(lengths)),
+        "rollout/response_len/min": float(min(lengths)),
+        "rollout/rollout_log_probs": _sample_mean([s.rollout_log_probs for s in samples], masks),
+        "rollout/log_probs": _sample_mean(log_probs, masks),
+    }
+    if ref_log_probs is not None:
+        out["rollout/ref_log_probs"] = _sample_mean(ref_log_probs, masks)
+    if entropy is not None:
+        out["rollout/entropy"] = _sample_mean(entropy, masks)
+    groups: dict[int, list[float]] = {}
+    for s in samples:
+        groups.setdefault(s.group_index, []).append(s.reward)
+    zero_std = Counter(_reward_key(rs[0]) for rs in groups.values() if len(set(rs)) == 1)
+    for key, count in sorted(zero_std.items()):
+        out[f"rollout/zero_std/count_{key}"] = float(count)
+    n_groups = len(groups)
+    out["rollout/zero_std/all_zero_percentage"] = zero_std.get("0", 0) / n_groups
+    out["rollout/zero_std/all_one_percentage"] = zero_std.get("1", 0) / n_groups
+    out["rollout/step"] = float(rollout_id)
+    return out
+
+
+class PhaseTimer:
+    """Wall-clock seconds per named phase (`perf/<name>_time`), accumulated until `pop()`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict[str, float]:
+        """`{"perf/<name>_time": seconds}` for every phase timed since the last pop."""
+        out = {f"perf/{k}_time": v for k, v in self.seconds.items()}
+        self.seconds = {}
+        return out
+
+
+def format_line(kind: str, index: int, metrics: dict[str, float]) -> str:
+    """Miles' log line: `<kind> <index>: {python dict repr}` (single quotes, float reprs)."""
+    return f"{kind} {index}: {dict(metrics)!r}"
+
+
+def summary_row(rollout_id: int, num_rollout: int, rollout: dict[str, float], steps: list[dict[str, float]], perf: dict[str, float]) -> str:
+    """One compact human row per rollout, e.g. `[3/8] reward 0.42 len 11.2 trunc 0.00 kl 0.0012 gap 0.0001 step 1.9s`."""
+    last = steps[-1] if steps else {}
+    return (
+        f"[{rollout_id + 1}/{num_rollout}] reward {rollout['rollout/raw_reward']:.3f}"
+        f" len {rollout['rollout/response_lengths']:.1f} trunc {rollout['rollout/truncated']:.2f}"
+        f" loss {last.get('train/loss', float('nan')):+.4f} ppo_kl {last.get('train/ppo_kl', float('nan')):.2e}"
+        f" gap {last.get('train/train_rollout_logprob_abs_diff', float('nan')):.2e}"
+        f" grad {last.get('train/grad_norm', float('nan')):.3f} step {perf.get('perf/step_time', 0.0):.2f}s"
+    )

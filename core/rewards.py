@@ -1,0 +1,350 @@
+"""Rule-based rewards (`--rm-type`), custom reward functions (`--custom-rm-path`) and batch scoring.
+
+What is really computed:
+1. `math` (GSM8K): the number after the last `####` in the response, else the last number in it,
+   compared numerically (exact Decimal) with the label's number. 1.0 or 0.0. Deviation from Miles,
+   whose `math` grades the last `\\boxed{}`: that grader is `boxed_math` here.
+2. `boxed_math`: the last `\\boxed{...}` / `\\fbox{...}` (balanced braces) compared with the label
+   by normalized string, or numerically (exact fractions) when both sides parse as numbers.
+3. Custom functions, imported once at startup from `pkg.mod.fn`: sync or async,
+   `fn(sample) -> float | dict` or, with `--group-rm`, `fn(samples) -> list[float | dict]`.
+   Async calls run concurrently; dict rewards are reduced with `--reward-key`.
+
+Sample dicts carry `prompt`, `response`, `label`, `index`, `group_index`, `metadata`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Any
+
+RewardFn = Callable[[str, str], float]
+
+# ---------------------------------------------------------------------------------------------
+# Numbers
+
+# A minus is a sign only when it does not follow a word character or ')' ("5-3" is not "-3").
+_NUMBER_RE = re.compile(
+    r"(?P<sign>(?<![\w)])-)?\$?"
+    r"(?P<num>\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+)
+
+
+def _number_text(match: re.Match[str]) -> str:
+    return (match.group("sign") or "") + match.group("num").replace(",", "")
+
+
+def extract_math_answer(text: str) -> str | None:
+    """GSM8K-style final answer: the first number after the LAST `####`, else the last number.
+
+    Numbers may carry thousands commas (`1,000,000`), a minus sign, a decimal part, a `$` prefix;
+    a trailing `.` is not part of the number. Returns the number with commas and `$` removed
+    (`"1000000"`, `"-5"`, `"3.50"`), or None when there is none (also when the last `####` is not
+    followed by a number).
+    """
+    if "####" in text:
+        match = _NUMBER_RE.search(text.rsplit("####", 1)[1])
+        return _number_text(match) if match else None
+    matches = list(_NUMBER_RE.finditer(text))
+    return _number_text(matches[-1]) if matches else None
+
+
+def _as_decimal(text: str | None) -> Decimal | None:
+    if text is None:
+        return None
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        return None
+    return value if value.is_finite() else None
+
+
+def math_reward(response: str, label: str) -> float:
+    """`--rm-type math`: 1.0 if the response's GSM8K answer equals the label's number, else 0.0.
+
+    The label's number is taken after its `####` when present (raw GSM8K answers), else from the
+    label itself. Comparison is exact on Decimals, so `3.50` == `3.5` and `1,000` == `1000`.
+    """
+    if not response:
+        return 0.0
+    predicted = _as_decimal(extract_math_answer(response))
+    expected = _as_decimal(extract_math_answer(str(label)))
+    if predicted is None or expected is None:
+        return 0.0
+    return 1.0 if predicted == expected else 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Boxed answers
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Contents of the last `\\boxed{...}` or `\\fbox{...}` (nested braces balanced), or None.
+
+    Also accepts the brace-less form `\\boxed 5` (up to the next `$`). A last box whose braces
+    never close (a truncated response) gives None.
+    """
+    start = max(text.rfind(command) for command in _BOX_COMMANDS)
+    if start < 0:
+        return None
+    command = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
+    rest = text[start + len(command) :]
+    if rest.startswith(" "):
+        return rest.lstrip().split("$", 1)[0].strip() or None
+    if not rest.startswith("{"):
+        return None
+    depth = 0
+    for i, char in enumerate(rest):
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return rest[1:i]
+    return None
+
+
+_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm)\{([^{}]*)\}")
+_FRAC_RE = re.compile(r"^(-?)\\frac\{([^{}]+)\}\{([^{}]+)\}$")
+
+
+def normalize_answer(text: str) -> str:
+    """Normalize a boxed answer for string comparison.
+
+    Unwraps `\\text{}` (and `\\textbf{}`, `\\mathrm{}`), drops `\\left`, `\\right`, `\\!`, `\\,`,
+    `$` and all whitespace, maps `\\dfrac`/`\\tfrac` to `\\frac`, strips a trailing `.`.
+    """
+    text = _TEXT_RE.sub(r"\1", text)
+    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("$", "")):
+        text = text.replace(old, new)
+    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    text = "".join(text.split())
+    return text.rstrip(".")
+
+
+def _parse_number(text: str) -> Fraction | None:
+    """An exact number from a normalized answer: `1,000`, `-3.5`, `\\frac{1}{3}`, `2/3`; else None."""
+    match = _FRAC_RE.match(text)
+    if match:
+        sign, numerator, denominator = match.groups()
+        text = f"{sign}{numerator}/{denominator}"
+    parts = text.split("/")
+    if len(parts) > 2:
+        return None
+    values = []
+    for part in parts:
+        if not re.fullmatch(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?", part) or not re.search(r"\d", part):
+            return None
+        values.append(Fraction(Decimal(part.replace(",", ""))))
+    if len(values) == 2:
+        return values[0] / values[1] if values[1] != 0 else None
+    return values[0]
+
+
+def boxed_math_reward(response: str, label: str) -> float:
+    """`--rm-type boxed_math`: 1.0 if the last box in the response matches the label, else 0.0.
+
+    The label is box-extracted when it has a box, else taken after its last `####`, else used as
+    is. Match = equal `normalize_answer` strings, or equal exact values when both parse as numbers.
+    No box in the response -> 0.0.
+    """
+    predicted = extract_boxed(response) if response else None
+    if predicted is None:
+        return 0.0
+    label = str(label)
+    if any(command in label for command in _BOX_COMMANDS):
+        expected = extract_boxed(label)
+    elif "####" in label:
+        expected = label.rsplit("####", 1)[1]
+    else:
+        expected = label
+    if expected is None:
+        return 0.0
+    predicted, expected = normalize_answer(predicted), normalize_answer(expected)
+    if not expected:
+        return 0.0
+    if predicted == expected:
+        return 1.0
+    predicted_value, expected_value = _parse_number(predicted), _parse_number(expected)
+    if predicted_value is not None and expected_value is not None and predicted_value == expected_value:
+        return 1.0
+    return 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry and custom functions
+
+_REWARD_FNS: dict[str, RewardFn] = {"math": math_reward, "boxed_math": boxed_math_reward}
+
+
+def get_reward_fn(rm_type: str) -> RewardFn:
+    """The built-in `(response, label) -> float` for `--rm-type`; unknown names list the valid ones."""
+    if rm_type not in _REWARD_FNS:
+        raise ValueError(f"unknown --rm-type {rm_type!r}; valid: {', '.join(sorted(_REWARD_FNS))}")
+    return _REWARD_FNS[rm_type]
+
+
+def load_custom_reward(path: str) -> Callable[..., Any]:
+    """Import `pkg.mod.fn` (`--custom-rm-path`) and return the callable.
+
+    Raises:
+        ValueError: naming the path, the module and the underlying error, when the path has no
+            module part, the module does not import, the attribute is missing or not callable.
+    """
+    module_name, _, attribute = path.rpartition(".")
+    if not module_name or not attribute:
+        raise ValueError(f"--custom-rm-path {path!r} must look like 'package.module.function'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # import-time errors of any kind belong to the user's module
+        raise ValueError(
+            f"--custom-rm-path {path!r}: cannot import module {module_name!r}: {type(error).__name__}: {error}"
+        ) from error
+    if not hasattr(module, attribute):
+        raise ValueError(f"--custom-rm-path {path!r}: module {module_name!r} has no attribute {attribute!r}")
+    fn = getattr(module, attribute)
+    if not callable(fn):
+        raise ValueError(
+            f"--custom-rm-path {path!r}: {module_name}.{attribute} is not callable ({type(fn).__name__})"
+        )
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch scoring
+
+
+def _shorten(text: Any, limit: int = 200) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more chars]"
+
+
+def _to_float(value: Any, index: int, reward_key: str | None) -> float:
+    if isinstance(value, dict):
+        if reward_key is None:
+            raise ValueError(
+                f"reward for sample index {index} is a dict (keys {sorted(value)}); set --reward-key"
+            )
+        if reward_key not in value:
+            raise ValueError(
+                f"reward for sample index {index} has no --reward-key {reward_key!r}; keys present: "
+                f"{sorted(value)}"
+            )
+        value = value[reward_key]
+    try:
+        return float(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"reward for sample index {index} is not a number: {value!r}") from error
+
+
+async def _call(fn: Callable[..., Any], argument: Any) -> Any:
+    result = fn(argument)
+    return await result if inspect.isawaitable(result) else result
+
+
+async def _score_one(fn: Callable[..., Any], sample: dict, index: int) -> Any:
+    try:
+        return await _call(fn, sample)
+    except Exception as error:
+        raise RuntimeError(
+            f"reward function {getattr(fn, '__qualname__', fn)!r} failed on sample index {index} "
+            f"({type(error).__name__}: {error}); response: {_shorten(sample.get('response'))!r}"
+        ) from error
+
+
+async def _score_group(fn: Callable[..., Any], group: list[dict], first_index: int) -> list[Any]:
+    try:
+        rewards = await _call(fn, group)
+    except Exception as error:
+        raise RuntimeError(
+            f"group reward function {getattr(fn, '__qualname__', fn)!r} failed on sample indices "
+            f"{first_index}..{first_index + len(group) - 1} ({type(error).__name__}: {error}); first "
+            f"response: {_shorten(group[0].get('response'))!r}"
+        ) from error
+    if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
+        raise ValueError(
+            f"group reward function must return a list of {len(group)} rewards for sample indices "
+            f"{first_index}..{first_index + len(group) - 1}, got {rewards!r:.200}"
+        )
+    return list(rewards)
+
+
+def _builtin_sample_fn(rm_type: str) -> Callable[[dict], float]:
+    reward_fn = get_reward_fn(rm_type)
+
+    def score(sample: dict) -> float:
+        return reward_fn(sample["response"], "" if sample.get("label") is None else sample["label"])
+
+    score.__qualname__ = reward_fn.__qualname__
+    return score
+
+
+async def score_samples(
+    samples: list[dict],
+    *,
+    rm_type: str | None,
+    custom_fn: Callable[..., Any] | None = None,
+    group_rm: bool = False,
+    group_size: int,
+    reward_key: str | None,
+) -> list[float]:
+    """Score every sample; async reward functions run concurrently (asyncio.gather).
+
+    `custom_fn` (from `load_custom_reward`) takes precedence over `rm_type`. With `group_rm`,
+    samples are split into contiguous groups of `group_size` and `custom_fn(group)` returns one
+    reward per sample (a built-in rm_type still scores per sample). Dict rewards are reduced with
+    `reward_key`. Sync functions run inline on the event loop. "Sample index" in messages is the
+    position in `samples`.
+
+    Returns:
+        one float reward per sample, in order.
+
+    Raises:
+        ValueError: neither rm_type nor custom_fn, len(samples) not a multiple of group_size with
+            group_rm, a dict reward without `reward_key` (message names the key and the keys
+            present), a non-numeric reward.
+        RuntimeError: a reward function raised; names the sample index and the response
+            (truncated to 200 chars), the original exception chained.
+    """
+    if custom_fn is None and rm_type is None:
+        raise ValueError("no reward function: set --rm-type or --custom-rm-path")
+    fn = custom_fn if custom_fn is not None else _builtin_sample_fn(rm_type)
+    if group_rm and custom_fn is not None:
+        if group_size < 1 or len(samples) % group_size:
+            raise ValueError(f"--group-rm: {len(samples)} samples do not split into groups of {group_size}")
+        starts = range(0, len(samples), group_size)
+        grouped = await asyncio.gather(*(_score_group(fn, samples[s : s + group_size], s) for s in starts))
+        raw = [reward for group in grouped for reward in group]
+    else:
+        raw = await asyncio.gather(*(_score_one(fn, sample, i) for i, sample in enumerate(samples)))
+    return [_to_float(value, i, reward_key) for i, value in enumerate(raw)]
+
+
+def score_samples_sync(
+    samples: list[dict],
+    *,
+    rm_type: str | None,
+    custom_fn: Callable[..., Any] | None = None,
+    group_rm: bool = False,
+    group_size: int,
+    reward_key: str | None,
+) -> list[float]:
+    """`score_samples` run with asyncio.run (not callable from inside a running event loop)."""
+    return asyncio.run(
+        score_samples(
+            samples,
+            rm_type=rm_type,
+            custom_fn=custom_fn,
+            group_rm=group_rm,
+            group_size=group_size,
+            reward_key=reward_key,
+        )
+    )

@@ -1,0 +1,151 @@
+"""The run directory: the contract between the trainer, checkers, diagnose and the UI.
+
+Layout (DESIGN.md): `run.json` (written first), `metrics.jsonl`, `events.jsonl` (a final `status`
+event last), `ranks/<rank>.json` (pid, host, heartbeat), `console.log`, `checks/`, `rollouts/`.
+Files are append-only with one writer per rank; whole-file writes are atomic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import grpolab
+from grpolab.core.atomic import atomic_write_json
+
+LOGGER_NAME = "grpolab"
+
+
+def environment_fingerprint() -> dict[str, Any]:
+    """Versions, devices and determinism switches that decide whether two runs can match bitwise."""
+    import transformers
+
+    commit = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(grpolab.__file__).parent, capture_output=True, text=True, timeout=5
+        ).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    devices = ["cpu: " + (platform.processor() or platform.machine())]
+    if torch.cuda.is_available():
+        devices += [f"cuda:{i}: {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    return {
+        "grpolab_version": grpolab.__version__,
+        "git_commit": commit,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hostname": socket.gethostname(),
+        "devices": devices,
+        "deterministic": {
+            "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "torch_num_threads": torch.get_num_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        },
+    }
+
+
+class RunDirectory:
+    """Writer for one rank's files in a run directory.
+
+    Raises:
+        FileExistsError: on `create` when the directory already holds a run (never overwrite a run).
+    """
+
+    def __init__(self, path: str | Path, *, rank: int = 0) -> None:
+        self.path = Path(path)
+        self.rank = rank
+        self._log_handler: logging.Handler | None = None
+
+    @classmethod
+    def create(cls, path: str | Path, *, config: dict, argv: list[str], seed: int, rank: int = 0) -> RunDirectory:
+        """Make the directory and write `run.json` (first file of every run)."""
+        run = cls(path, rank=rank)
+        if (run.path / "run.json").exists():
+            raise FileExistsError(f"--run-dir: {run.path} already holds a run (run.json exists); choose another --run-dir")
+        run.path.mkdir(parents=True, exist_ok=True)
+        (run.path / "ranks").mkdir(exist_ok=True)
+        atomic_write_json(
+            run.path / "run.json",
+            {
+                "name": run.path.name,
+                "config": config,
+                "argv": argv,
+                "seed": seed,
+                "start_time": time.time(),
+                "environment": environment_fingerprint(),
+            },
+        )
+        run.attach_console_log()
+        run.event("run_start", pid=os.getpid())
+        return run
+
+    # ------------------------------------------------------------------ files
+    def _append(self, name: str, record: dict) -> None:
+        with open(self.path / name, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=float) + "\n")
+
+    def log_metrics(self, kind: str, rollout_id: int, metrics: dict[str, float], *, step: int | None = None) -> None:
+        """Append one record to `metrics.jsonl` (kind: rollout | step | perf | eval)."""
+        self._append("metrics.jsonl", {"kind": kind, "rollout_id": rollout_id, "step": step, "time": time.time(), "metrics": metrics})
+
+    def event(self, name: str, **fields: Any) -> None:
+        """Append a lifecycle event (phase start/end, weight update, checkpoint, status) to `events.jsonl`."""
+        self._append("events.jsonl", {"event": name, "time": time.time(), "rank": self.rank, **fields})
+
+    def heartbeat(self, phase: str, rollout_id: int | None, step: int | None = None) -> None:
+        """Rewrite `ranks/<rank>.json` with pid, host, role and the current phase."""
+        atomic_write_json(
+            self.path / "ranks" / f"{self.rank}.json",
+            {
+                "rank": self.rank,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "role": "actor+rollout",
+                "heartbeat": {"phase": phase, "rollout_id": rollout_id, "step": step, "time": time.time()},
+            },
+        )
+
+    def finish(self, status: str, **fields: Any) -> None:
+        """Write the final `status` event (finished | failed | interrupted) and close console.log."""
+        self.event("status", status=status, **fields)
+        self.detach_console_log()
+
+    # ------------------------------------------------------------------ console
+    def attach_console_log(self) -> None:
+        """Tee the `grpolab` logger into `console.log`."""
+        handler = logging.FileHandler(self.path / "console.log", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger(LOGGER_NAME).addHandler(handler)
+        self._log_handler = handler
+
+    def detach_console_log(self) -> None:
+        if self._log_handler is not None:
+            logging.getLogger(LOGGER_NAME).removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+
+
+def setup_console_logging() -> logging.Logger:
+    """Configure the `grpolab` logger to print bare messages to stdout (idempotent)."""
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    if not any(getattr(h, "_grpolab_stdout", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._grpolab_stdout = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    return logger

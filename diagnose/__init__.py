@@ -1,0 +1,1 @@
+"""Hang sweeps, log doctor and GPU sampling (see the diagnose issue)."""

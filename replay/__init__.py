@@ -1,0 +1,1 @@
+"""Recording format, recorder and replayer (see the replay issue)."""

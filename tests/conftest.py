@@ -1,0 +1,28 @@
+"""Shared fixtures: the tiny model shipped in fixtures/ and small configs around it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_MODEL = REPO / "fixtures" / "tiny-qwen3"
+ARITHMETIC_TRAIN = REPO / "fixtures" / "data" / "arithmetic_train.jsonl"
+GSM8K_TRAIN = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    assert (TINY_MODEL / "config.json").exists(), f"fixture model missing at {TINY_MODEL}; run python -m grpolab.fixtures.make_fixtures"
+    return TINY_MODEL

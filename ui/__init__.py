@@ -1,0 +1,1 @@
+"""Streamlit app over run directories (see the UI issue)."""
