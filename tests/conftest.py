@@ -26,3 +26,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def tiny_model_dir() -> Path:
     assert (TINY_MODEL / "config.json").exists(), f"fixture model missing at {TINY_MODEL}; run python -m grpolab.fixtures.make_fixtures"
     return TINY_MODEL
+
+
+@pytest.fixture(scope="session")
+def gsm8k_train() -> Path:
+    if not GSM8K_TRAIN.exists():
+        pytest.skip(f"real GSM8K not found at {GSM8K_TRAIN} (it lives in ../shared/data/gsm8k)")
+    return GSM8K_TRAIN

@@ -1,0 +1,335 @@
+"""The in-process torch rollout engine: batched KV-cache decoding with per-sample seeded sampling.
+
+`TorchEngine` implements `RolloutEngine` (see `base.py`) on CPU or CUDA. It loads its own copy of
+the model (`load_causal_lm`), so weight sync from the trainer is a real copy, as with SGLang.
+
+Sampling, per decode step and sample:
+  logits (model dtype) -> float32 -> / temperature -> top-k and top-p keep mask ->
+  log_softmax over the kept support -> sample by Gumbel-max with the sample's own noise ->
+  record the sampled token's log-prob under exactly that (renormalized) distribution.
+
+Kept-set rule (SGLang's `top_k_top_p_min_p_sampling_from_probs_torch`, slime's top-p mask, notes
+5.6): sort the temperature-scaled probabilities once, descending; top-k keeps the first k; top-p
+keeps the smallest prefix whose cumulative probability (over the full, unfiltered distribution)
+reaches `top_p`, i.e. tokens whose exclusive prefix mass is < top_p (SGLang keeps `<= top_p`,
+which differs only at exact float ties); the kept set is the intersection, always >= 1 token.
+
+Seeding: request i has its own `torch.Generator` seeded with `request.seed` on the engine device;
+each decode step uses the next V uniforms u of that stream (Gumbel-max: argmax(logp - log(-log u))
+over the kept support), drawn C = clamp(2**16 // V, 1, 32) steps at a time (on CPU the stream is
+identical to one draw per step). So a sample's tokens depend only on its seed and its logits, never
+on batch size or order; CPU and CUDA generators give different streams. Log-probs across batch
+compositions agree to float rounding (padding and batch size change matmul rounding).
+
+Finishing: a row finishes on its first stop token (finish "stop", the token is kept, also when it
+is the max_new_tokens-th token) or after max_new_tokens tokens ("length"). Finished rows are
+dropped from the decode batch (KV cache rows included) once >= 1/4 of the batch is done.
+
+Tensor legend: B samples in a chunk, A rows still in the decode batch, L padded prompt length,
+T max new tokens, V vocab size, K kept ids (per row, padded).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from grpolab.core.engine.base import (
+    EngineHealth,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
+from grpolab.core.modeling import load_causal_lm
+
+_TINY = torch.finfo(torch.float32).tiny
+_NOISE_BLOCK = 1 << 16  # uniforms drawn per row per generator call: C = clamp(2**16 // V, 1, 32) steps
+
+
+def filtered_log_probs(
+    logits_AV: torch.Tensor, params: SamplingParams
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log-probs of the sampling distribution, and the kept support when top-k/top-p filter.
+
+    Args:
+        logits_AV: [A, V] next-token logits, any float dtype.
+        params: temperature, top_k, top_p.
+
+    Returns:
+        logp_AV: [A, V] float32; log_softmax of logits/temperature over the kept support,
+            -inf outside it.
+        n_A: [A] int64 number of kept tokens per row, or None when nothing is filtered.
+        order_AV: [A, V] int64 vocab ids sorted by descending probability (the kept set of row a is
+            `order_AV[a, :n_A[a]]`), or None when nothing is filtered.
+    """
+    scaled_AV = logits_AV.float() / params.temperature
+    if not params.filters_support:
+        return torch.log_softmax(scaled_AV, dim=-1), None, None
+    A, V = scaled_AV.shape
+    sorted_AV, order_AV = scaled_AV.sort(dim=-1, descending=True)
+    n_A = torch.full((A,), V, dtype=torch.long, device=scaled_AV.device)
+    if params.top_k > 0:
+        n_A.clamp_(max=params.top_k)
+    if params.top_p < 1.0:
+        probs_AV = torch.softmax(sorted_AV, dim=-1)
+        before_AV = torch.cumsum(probs_AV, dim=-1) - probs_AV  # exclusive prefix mass, non-decreasing
+        before_AV[:, 0] = 0.0
+        n_A = torch.minimum(n_A, (before_AV < params.top_p).sum(dim=-1))
+    n_A.clamp_(min=1)
+    keep_AV = torch.arange(V, device=scaled_AV.device) < n_A[:, None]
+    logp_sorted_AV = torch.log_softmax(sorted_AV.masked_fill(~keep_AV, float("-inf")), dim=-1)
+    logp_AV = torch.empty_like(logp_sorted_AV).scatter_(1, order_AV, logp_sorted_AV)
+    return logp_AV, n_A, order_AV
+
+
+class TorchEngine:
+    """In-process rollout engine over a Hugging Face causal LM (CPU or CUDA).
+
+    Attributes:
+        model: the engine's own model (eval mode, no grads).
+        device: where generation runs (weights live on CPU while memory is released).
+        weight_version: last version passed to `update_weights` (0 before any update).
+        memory_released: True between `release_memory()` and `resume_memory()`.
+        last_stats: after each `generate`: `tokens` (generated tokens), `seconds` (wall time of
+            prefill + decode), `tokens_per_s`.
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        max_batch_size: int = 256,
+        show_progress: bool = True,
+    ) -> None:
+        """Load an independent copy of the model at `checkpoint` onto `device`.
+
+        Raises:
+            ValueError: max_batch_size < 1, or the checkpoint is not a model (from `load_causal_lm`).
+            FileNotFoundError: the checkpoint path does not exist.
+        """
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.max_batch_size = max_batch_size
+        self.show_progress = show_progress
+        self.model = load_causal_lm(checkpoint, dtype=dtype, device=self.device)
+        self.model.requires_grad_(False)
+        pad = getattr(self.model.config, "pad_token_id", None)
+        self.pad_token_id: int = int(pad) if isinstance(pad, int) else 0
+        forward_args = inspect.signature(self.model.forward).parameters
+        # transformers 5.x renamed `past_key_values` to `cache`.
+        self._cache_kw = "cache" if "cache" in forward_args else "past_key_values"
+        self._logits_to_keep = "logits_to_keep" in forward_args
+        layer_types = getattr(self.model.config, "layer_types", None) or ["full_attention"]
+        # Decode steps pass a ready 4D boolean mask (skips transformers' per-step mask building);
+        # only for SDPA with full attention in every layer, else the 2D padding mask is passed.
+        self._bool_decode_mask = getattr(self.model.config, "_attn_implementation", None) == "sdpa" and all(
+            lt == "full_attention" for lt in layer_types
+        )
+        self._cache: DynamicCache | None = None
+        self.weight_version = 0
+        self.memory_released = False
+        self.last_stats: dict[str, float] = {"tokens": 0, "seconds": 0.0, "tokens_per_s": 0.0}
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        """Sample one response per request, in request order, `max_batch_size` requests at a time.
+
+        Returns:
+            One `GenerationResult` per request: response ids (stop token included), float32 CPU
+            log-probs [R], finish reason, kept-id sets (sorted int64, when filtering), version.
+
+        Raises:
+            RuntimeError: memory is released (`resume_memory()` was not called).
+            ValueError: a request has an empty prompt.
+        """
+        if self.memory_released:
+            raise RuntimeError("TorchEngine.generate: memory is released; call resume_memory() first")
+        for i, req in enumerate(requests):
+            if not req.prompt_ids:
+                raise ValueError(f"TorchEngine.generate: request {i} has an empty prompt")
+        start = time.perf_counter()
+        results: list[GenerationResult] = []
+        with torch.inference_mode():
+            for lo in range(0, len(requests), self.max_batch_size):
+                results.extend(self._generate_chunk(requests[lo : lo + self.max_batch_size], params))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(r.response_ids) for r in results)
+        self.last_stats = {
+            "tokens": tokens,
+            "seconds": seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        }
+        return results
+
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        """One model call with the KV cache; returns [A, V] logits at the last position."""
+        kwargs = {self._cache_kw: cache}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
+        return out.logits[:, -1]
+
+    def _generate_chunk(
+        self, reqs: list[GenerationRequest], params: SamplingParams
+    ) -> list[GenerationResult]:
+        """Generate for at most `max_batch_size` requests (runs under inference_mode)."""
+        dev, B, T = self.device, len(reqs), params.max_new_tokens
+        L = max(len(r.prompt_ids) for r in reqs)
+        pad = self.pad_token_id
+        ids_rows = [[pad] * (L - len(r.prompt_ids)) + list(r.prompt_ids) for r in reqs]
+        mask_rows = [[0] * (L - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in reqs]
+        ids_BL = torch.tensor(ids_rows, dtype=torch.long, device=dev)
+        mask_AL = torch.tensor(mask_rows, dtype=torch.long, device=dev)
+        pos_BL = (mask_AL.cumsum(-1) - 1).clamp_(min=0)
+        next_pos_A = mask_AL.sum(-1)  # position id of the next token, per row
+        gens = [torch.Generator(device=dev).manual_seed(r.seed & 0xFFFF_FFFF_FFFF_FFFF) for r in reqs]
+        stop_S = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=dev)
+
+        cache = DynamicCache(config=self.model.config)
+        self._cache = cache
+        logits_AV = self._forward(ids_BL, mask_AL, pos_BL, cache)
+        V = logits_AV.shape[-1]
+        C = max(1, min(32, _NOISE_BLOCK // V))
+
+        tok_BT = torch.full((B, T), pad, dtype=torch.long, device=dev)
+        logp_BT = torch.zeros((B, T), dtype=torch.float32, device=dev)
+        length = [T] * B
+        reason: list[FinishReason] = ["length"] * B
+        rows = list(range(B))  # original row index of each position in the decode batch
+        rows_A = torch.arange(B, device=dev)
+        alive = [True] * B  # indexed by decode-batch position
+        kept_steps: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+
+        bar = tqdm(total=T, desc="rollout", disable=None if self.show_progress else True, leave=False)
+        try:
+            for t in range(T):
+                logp_AV, n_A, order_AV = filtered_log_probs(logits_AV, params)
+                if t % C == 0:  # each row's next C x V uniforms, one generator call per row
+                    u_ACV = torch.stack([torch.rand(C * V, generator=g, device=dev) for g in gens])
+                    u_ACV = u_ACV.view(len(gens), C, V).clamp_(min=_TINY)
+                gumbel_AV = -torch.log(-torch.log(u_ACV[:, t % C]))
+                tok_A = (logp_AV + gumbel_AV).argmax(dim=-1)
+                tok_BT[rows_A, t] = tok_A
+                logp_BT[rows_A, t] = logp_AV.gather(1, tok_A[:, None]).squeeze(1)
+                if n_A is not None and order_AV is not None:
+                    kept_steps.append((rows, *_kept_ids(n_A, order_AV, V)))
+                bar.update(1)
+                if stop_S.numel():
+                    for a in torch.isin(tok_A, stop_S).nonzero().flatten().tolist():
+                        if alive[a]:
+                            alive[a] = False
+                            length[rows[a]], reason[rows[a]] = t + 1, "stop"
+                n_alive = sum(alive)
+                if n_alive == 0 or t == T - 1:
+                    break
+                if 4 * (len(alive) - n_alive) >= len(alive):  # compact once >= 1/4 of rows are done
+                    keep = [a for a, ok in enumerate(alive) if ok]
+                    keep_A = torch.tensor(keep, dtype=torch.long, device=dev)
+                    cache.batch_select_indices(keep_A)
+                    tok_A, mask_AL, next_pos_A = tok_A[keep_A], mask_AL[keep_A], next_pos_A[keep_A]
+                    rows_A, u_ACV = rows_A[keep_A], u_ACV[keep_A]
+                    rows, gens, alive = [rows[a] for a in keep], [gens[a] for a in keep], [True] * len(keep)
+                mask_AL = torch.cat([mask_AL, mask_AL.new_ones((mask_AL.shape[0], 1))], dim=1)
+                step_mask = mask_AL[:, None, None, :].bool() if self._bool_decode_mask else mask_AL
+                logits_AV = self._forward(tok_A[:, None], step_mask, next_pos_A[:, None], cache)
+                next_pos_A = next_pos_A + 1
+        finally:
+            bar.close()
+            self._cache = None
+
+        tok_rows = tok_BT.cpu().tolist()
+        logp_cpu = logp_BT.cpu()
+        kept: list[list[torch.Tensor]] | None = [[] for _ in range(B)] if params.filters_support else None
+        if kept is not None:
+            for t, (step_rows, n_cpu, ids_cpu) in enumerate(kept_steps):
+                for a, b in enumerate(step_rows):
+                    if t < length[b]:
+                        kept[b].append(ids_cpu[a, : n_cpu[a]].clone())
+        return [
+            GenerationResult(
+                response_ids=tok_rows[b][: length[b]],
+                log_probs=logp_cpu[b, : length[b]].clone(),
+                finish_reason=reason[b],
+                kept_token_ids=kept[b] if kept is not None else None,
+                weight_version=self.weight_version,
+            )
+            for b in range(B)
+        ]
+
+    # ------------------------------------------------------------------ weights and memory
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: int) -> int:
+        """Copy (HF name, tensor) pairs into the engine's own parameters; return `weight_version`.
+
+        Tensors may be on any device and of any float dtype (cast on copy). Tied weights share one
+        storage, so either name (`lm_head.weight` / `model.embed_tokens.weight`) updates both. The
+        whole bucket is validated before anything is copied.
+
+        Raises:
+            KeyError: naming a tensor the engine does not have.
+            ValueError: naming a tensor whose shape differs from the engine's.
+        """
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        targets.update(self.model.named_buffers(remove_duplicate=False))
+        for name, tensor in named_tensors:
+            if name not in targets:
+                raise KeyError(f"update_weights: the engine has no tensor named {name!r}")
+            if tuple(tensor.shape) != tuple(targets[name].shape):
+                raise ValueError(
+                    f"update_weights: shape mismatch for {name!r}: got {tuple(tensor.shape)}, "
+                    f"engine has {tuple(targets[name].shape)}"
+                )
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                targets[name].copy_(tensor.detach())
+        self.weight_version = weight_version
+        return self.weight_version
+
+    def flush_cache(self) -> None:
+        """Drop cached KV state (the engine keeps none between `generate` calls)."""
+        self._cache = None
+
+    def release_memory(self) -> None:
+        """Drop the KV cache and move the weights to CPU (the flag alone changes on a CPU engine)."""
+        self.flush_cache()
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        self.memory_released = True
+
+    def resume_memory(self) -> None:
+        """Move the weights back to the engine device and allow `generate` again."""
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+        self.memory_released = False
+
+    def health(self) -> EngineHealth:
+        """Always ok for an in-process engine; reports weight version and memory state."""
+        return EngineHealth(
+            ok=True,
+            weight_version=self.weight_version,
+            memory_released=self.memory_released,
+            detail=f"torch engine on {self.device}, {self.dtype}",
+        )
+
+
+def _kept_ids(n_A: torch.Tensor, order_AV: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept ids per row, ascending, as CPU tensors: (n_A [A], ids_AK [A, K]); row a is ids_AK[a, :n_A[a]]."""
+    K = int(n_A.max().item())
+    ids_AK = order_AV[:, :K].clone()
+    ids_AK.masked_fill_(torch.arange(K, device=ids_AK.device) >= n_A[:, None], V)
+    return n_A.cpu(), ids_AK.sort(dim=-1).values.cpu()

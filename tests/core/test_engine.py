@@ -1,0 +1,284 @@
+"""TorchEngine: seeded batched sampling, exact log-probs, top-k/top-p kept sets, weight sync, offload.
+
+Uses a random tiny Qwen3 (V=300) saved to a temp dir, so it runs without the trained fixture.
+Batch invariance: tokens are compared exactly; log-probs across different batch compositions are
+compared with atol 1e-5 (padding and batch size change float rounding, not the sampled tokens).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from grpolab.core.engine.base import GenerationRequest, SamplingParams
+from grpolab.core.engine.torch_engine import TorchEngine
+from grpolab.core.modeling import load_causal_lm
+
+V = 300
+
+
+def _tiny_config() -> transformers.Qwen3Config:
+    return transformers.Qwen3Config(
+        vocab_size=V,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+    )
+
+
+def _save_random_model(path: Path, seed: int) -> Path:
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(_tiny_config())
+    with torch.no_grad():  # sharper than the default init, so top-p sets are not the whole vocab
+        model.model.embed_tokens.weight.mul_(4.0)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _save_random_model(tmp_path_factory.mktemp("tiny-a"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def ckpt_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _save_random_model(tmp_path_factory.mktemp("tiny-b"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def engine(ckpt: Path) -> TorchEngine:
+    return TorchEngine(ckpt, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def ref_model(ckpt: Path) -> torch.nn.Module:
+    return load_causal_lm(ckpt)
+
+
+def _requests(n: int, seed0: int = 100) -> list[GenerationRequest]:
+    rng = random.Random(seed0)
+    return [
+        GenerationRequest(prompt_ids=[rng.randrange(1, V) for _ in range(rng.randint(2, 9))], seed=seed0 + i)
+        for i in range(n)
+    ]
+
+
+def _full_forward_logits(model: torch.nn.Module, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """[R, V] float32 logits predicting each response token: one forward, no cache, no padding."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float()
+    return logits[len(prompt) - 1 : len(prompt) + len(response) - 1]
+
+
+def _assert_same(a, b, *, exact: bool) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.response_ids == y.response_ids
+        assert x.finish_reason == y.finish_reason
+        if exact:
+            assert torch.equal(x.log_probs, y.log_probs)
+        else:
+            torch.testing.assert_close(x.log_probs, y.log_probs, atol=1e-5, rtol=0)
+
+
+def test_same_seeds_reproduce_exactly(engine: TorchEngine) -> None:
+    reqs, params = _requests(6), SamplingParams(temperature=1.0, max_new_tokens=16)
+    a, b = engine.generate(reqs, params), engine.generate(reqs, params)
+    _assert_same(a, b, exact=True)
+    assert all(r.log_probs.dtype == torch.float32 and r.log_probs.shape == (16,) for r in a)
+    assert len({tuple(r.response_ids) for r in a}) == 6  # different seeds, different samples
+    assert engine.last_stats["tokens"] == 6 * 16 and engine.last_stats["tokens_per_s"] > 0
+
+
+def test_output_independent_of_batch_composition_and_order(engine: TorchEngine) -> None:
+    reqs = _requests(8)
+    params = SamplingParams(temperature=0.9, max_new_tokens=12, stop_token_ids=tuple(range(1, V, 23)))
+    base = engine.generate(reqs, params)
+    order = [5, 2, 7, 0, 3, 6, 1, 4]
+    extra = _requests(5, seed0=900)
+    mixed = engine.generate(extra[:2] + [reqs[i] for i in order] + extra[2:], params)[2:10]
+    _assert_same([base[i] for i in order], mixed, exact=False)
+    alone = [engine.generate([r], params)[0] for r in reqs]
+    _assert_same(base, alone, exact=False)
+    engine.max_batch_size = 3  # chunked: different batch sizes again
+    try:
+        _assert_same(base, engine.generate(reqs, params), exact=False)
+    finally:
+        engine.max_batch_size = 256
+
+
+def test_log_probs_match_full_forward(engine: TorchEngine, ref_model: torch.nn.Module) -> None:
+    reqs = _requests(5)
+    results = engine.generate(reqs, SamplingParams(temperature=0.7, max_new_tokens=20))
+    for req, res in zip(reqs, results):
+        logits = _full_forward_logits(ref_model, req.prompt_ids, res.response_ids)
+        expected = torch.log_softmax(logits / 0.7, dim=-1).gather(1, torch.tensor(res.response_ids)[:, None])
+        torch.testing.assert_close(res.log_probs, expected.squeeze(1), atol=1e-5, rtol=0)
+        assert res.kept_token_ids is None
+
+
+def test_top_k_kept_sets(engine: TorchEngine, ref_model: torch.nn.Module) -> None:
+    reqs = _requests(4)
+    results = engine.generate(reqs, SamplingParams(temperature=0.8, top_k=5, max_new_tokens=10))
+    for req, res in zip(reqs, results):
+        assert res.kept_token_ids is not None and len(res.kept_token_ids) == len(res.response_ids)
+        scaled = _full_forward_logits(ref_model, req.prompt_ids, res.response_ids) / 0.8
+        for t, (tok, kept) in enumerate(zip(res.response_ids, res.kept_token_ids)):
+            assert kept.dtype == torch.int64 and kept.numel() == 5
+            assert torch.equal(kept, kept.sort().values) and tok in kept.tolist()
+            assert set(kept.tolist()) == set(scaled[t].topk(5).indices.tolist())
+            expected = torch.log_softmax(scaled[t][kept], dim=-1)[kept.tolist().index(tok)]
+            assert abs(res.log_probs[t].item() - expected.item()) < 1e-5
+
+
+def test_top_p_kept_sets_are_minimal(engine: TorchEngine, ref_model: torch.nn.Module) -> None:
+    reqs = _requests(4)
+    results = engine.generate(reqs, SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=10))
+    sizes = []
+    for req, res in zip(reqs, results):
+        assert res.kept_token_ids is not None
+        probs = torch.softmax(_full_forward_logits(ref_model, req.prompt_ids, res.response_ids), dim=-1)
+        for t, (tok, kept) in enumerate(zip(res.response_ids, res.kept_token_ids)):
+            p_kept = probs[t][kept]
+            mass = p_kept.sum().item()
+            assert tok in kept.tolist()
+            assert mass >= 0.5 - 1e-6
+            assert mass - p_kept.min().item() < 0.5  # dropping the least likely kept token falls short
+            outside = torch.ones(V, dtype=torch.bool)
+            outside[kept] = False
+            if outside.any():
+                assert p_kept.min() >= probs[t][outside].max()  # the kept set is the most likely tokens
+            expected = (probs[t][tok] / mass).log().item()
+            assert abs(res.log_probs[t].item() - expected) < 1e-5
+            sizes.append(kept.numel())
+    assert max(sizes) > 1  # the rule was exercised beyond the always-kept top token
+
+
+def test_top_k_and_top_p_keep_the_intersection(engine: TorchEngine, ref_model: torch.nn.Module) -> None:
+    """SGLang's joint rule: top-p mass is measured on the full distribution, then capped at top-k."""
+    reqs = _requests(3)
+    results = engine.generate(reqs, SamplingParams(temperature=1.0, top_k=3, top_p=0.8, max_new_tokens=8))
+    for req, res in zip(reqs, results):
+        assert res.kept_token_ids is not None
+        probs = torch.softmax(_full_forward_logits(ref_model, req.prompt_ids, res.response_ids), dim=-1)
+        for t, kept in enumerate(res.kept_token_ids):
+            sorted_p = probs[t].sort(descending=True).values
+            n_top_p = int(((sorted_p.cumsum(0) - sorted_p) < 0.8).sum())
+            assert kept.numel() == min(3, n_top_p)
+            assert set(kept.tolist()) == set(probs[t].topk(kept.numel()).indices.tolist())
+
+
+def test_finish_reasons(engine: TorchEngine) -> None:
+    stop = tuple(range(0, V, 12))
+    reqs = _requests(16)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=stop)
+    results = engine.generate(reqs, params)
+    reasons = {r.finish_reason for r in results}
+    assert reasons == {"stop", "length"}
+    for res in results:
+        ids = res.response_ids
+        assert len(ids) == res.log_probs.numel()
+        if res.finish_reason == "length":
+            assert len(ids) == 12 and not set(ids) & set(stop)
+        else:
+            assert ids[-1] in stop and not set(ids[:-1]) & set(stop) and len(ids) <= 12
+    alone = [engine.generate([r], params)[0] for r in reqs]  # early-finish compaction kept rows intact
+    _assert_same(results, alone, exact=False)
+
+
+def test_update_weights(ckpt: Path, ckpt_b: Path) -> None:
+    eng = TorchEngine(ckpt, show_progress=False)
+    trainer_model = load_causal_lm(ckpt_b)
+    assert eng.model is not trainer_model
+    ids = torch.tensor([[5, 17, 42, 99, 3]])
+
+    def logits(model: torch.nn.Module) -> torch.Tensor:
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+
+    assert not torch.allclose(logits(eng.model), logits(trainer_model))
+    state = trainer_model.state_dict()
+    items = list(state.items())
+    assert eng.update_weights(items[: len(items) // 2], weight_version=1) == 1
+    assert eng.update_weights(items[len(items) // 2 :], weight_version=2) == 2
+    torch.testing.assert_close(logits(eng.model), logits(trainer_model), atol=0, rtol=0)
+    assert eng.health().weight_version == 2
+    assert eng.generate(_requests(1), SamplingParams(max_new_tokens=2))[0].weight_version == 2
+    # the copy is real: changing the trainer's weights afterwards does not reach the engine
+    with torch.no_grad():
+        trainer_model.model.norm.weight.add_(1.0)
+    assert not torch.equal(eng.model.model.norm.weight, trainer_model.model.norm.weight)
+
+    # tied embeddings: either name updates both
+    new_emb = torch.randn(V, 64)
+    eng.update_weights([("lm_head.weight", new_emb.to(torch.bfloat16))], weight_version=3)
+    assert torch.equal(eng.model.model.embed_tokens.weight, new_emb.to(torch.bfloat16).float())
+    eng.update_weights([("model.embed_tokens.weight", new_emb)], weight_version=4)
+    assert torch.equal(eng.model.lm_head.weight, new_emb)
+
+    before = eng.model.model.norm.weight.clone()
+    good = ("model.norm.weight", torch.zeros(64))
+    with pytest.raises(KeyError, match="model.not_a_weight"):
+        eng.update_weights([good, ("model.not_a_weight", torch.zeros(3))], weight_version=5)
+    with pytest.raises(ValueError, match=r"model.norm.weight.*\(65,\)"):
+        eng.update_weights([("model.norm.weight", torch.zeros(65))], weight_version=5)
+    assert torch.equal(eng.model.model.norm.weight, before)  # a bad bucket copies nothing
+    assert eng.health().weight_version == 4
+
+
+def test_release_and_resume(ckpt: Path) -> None:
+    eng = TorchEngine(ckpt, show_progress=False)
+    reqs, params = _requests(4), SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=8)
+    before = eng.generate(reqs, params)
+    eng.flush_cache()
+    eng.release_memory()
+    health = eng.health()
+    assert health.ok and health.memory_released
+    with pytest.raises(RuntimeError, match="resume_memory"):
+        eng.generate(reqs, params)
+    eng.resume_memory()
+    assert not eng.health().memory_released
+    after = eng.generate(reqs, params)
+    _assert_same(before, after, exact=True)
+    for x, y in zip(before, after):
+        assert x.kept_token_ids is not None and y.kept_token_ids is not None
+        assert all(torch.equal(a, b) for a, b in zip(x.kept_token_ids, y.kept_token_ids))
+
+
+def test_edge_cases(engine: TorchEngine) -> None:
+    assert engine.generate([], SamplingParams()) == []
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.generate([GenerationRequest(prompt_ids=[], seed=0)], SamplingParams())
+    with pytest.raises(ValueError, match="max_batch_size"):
+        TorchEngine("unused", max_batch_size=0)
+    res = engine.generate(_requests(2), SamplingParams(top_k=1, max_new_tokens=5))
+    assert all(torch.equal(r.log_probs, torch.zeros(5)) for r in res)  # greedy: log-prob 0 exactly
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_engine(ckpt: Path, ref_model: torch.nn.Module) -> None:
+    eng = TorchEngine(ckpt, device="cuda", show_progress=False)
+    reqs, params = _requests(6), SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=16)
+    a = eng.generate(reqs, params)
+    _assert_same(a, eng.generate(reqs, params), exact=True)
+    _assert_same(a, [eng.generate([r], params)[0] for r in reqs], exact=False)
+    for req, res in zip(reqs, a):
+        assert res.kept_token_ids is not None
+        scaled = _full_forward_logits(ref_model, req.prompt_ids, res.response_ids) / 0.7
+        for t, (tok, kept) in enumerate(zip(res.response_ids, res.kept_token_ids)):
+            expected = torch.log_softmax(scaled[t][kept.cpu()], dim=-1)[kept.tolist().index(tok)]
+            assert abs(res.log_probs[t].item() - expected.item()) < 1e-4
+    eng.release_memory()
+    assert next(eng.model.parameters()).device.type == "cpu"
+    eng.resume_memory()
+    _assert_same(a, eng.generate(reqs, params), exact=True)
