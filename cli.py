@@ -27,11 +27,23 @@ BOOL = "bool"
 
 # (flag, config section, field, type, help). Defaults come from the dataclasses.
 TRAIN_FLAGS: list[tuple[str, str, str, Any, str]] = [
-    ("--hf-checkpoint", "model", "hf_checkpoint", str, "model directory or .gguf file (default: the tiny fixture model)"),
+    (
+        "--hf-checkpoint",
+        "model",
+        "hf_checkpoint",
+        str,
+        "model directory or .gguf file (default: the tiny fixture model)",
+    ),
     ("--rollout-dtype", "model", "rollout_dtype", str, "engine dtype: float32 | bfloat16"),
     ("--train-dtype", "model", "train_dtype", str, "trainer dtype: float32 | bfloat16"),
     ("--device", "model", "device", str, "cpu or cuda[:N]; engine and trainer are colocated on it"),
-    ("--prompt-data", "data", "prompt_data", str, "prompts, .jsonl or .parquet (default: the fixture arithmetic set)"),
+    (
+        "--prompt-data",
+        "data",
+        "prompt_data",
+        str,
+        "prompts, .jsonl or .parquet (default: the fixture arithmetic set)",
+    ),
     ("--input-key", "data", "input_key", str, "prompt field"),
     ("--label-key", "data", "label_key", str, "label field"),
     ("--rollout-shuffle", "data", "rollout_shuffle", BOOL, "shuffle prompts each epoch"),
@@ -47,7 +59,13 @@ TRAIN_FLAGS: list[tuple[str, str, str, Any, str]] = [
     ("--group-rm", "reward", "group_rm", BOOL, "the custom reward scores a whole group at once"),
     ("--reward-key", "reward", "reward_key", str, "key to read when the reward function returns a dict"),
     ("--advantage-estimator", "algorithm", "advantage_estimator", str, "grpo"),
-    ("--disable-grpo-std-normalization", "algorithm", "disable_grpo_std_normalization", BOOL, "Dr.GRPO: subtract the group mean only"),
+    (
+        "--disable-grpo-std-normalization",
+        "algorithm",
+        "disable_grpo_std_normalization",
+        BOOL,
+        "Dr.GRPO: subtract the group mean only",
+    ),
     ("--eps-clip", "algorithm", "eps_clip", float, "PPO clip range"),
     ("--eps-clip-high", "algorithm", "eps_clip_high", float, "upper clip (default: --eps-clip)"),
     ("--eps-clip-c", "algorithm", "eps_clip_c", float, "dual-clip constant (> 1)"),
@@ -58,8 +76,20 @@ TRAIN_FLAGS: list[tuple[str, str, str, Any, str]] = [
     ("--tis-clip", "algorithm", "tis_clip", float, "TIS upper clip"),
     ("--tis-clip-low", "algorithm", "tis_clip_low", float, "TIS lower clip"),
     ("--entropy-coef", "algorithm", "entropy_coef", float, "entropy bonus coefficient"),
-    ("--calculate-per-token-loss", "algorithm", "calculate_per_token_loss", BOOL, "token mean instead of sample mean"),
-    ("--global-batch-size", "optimizer", "global_batch_size", int, "samples per optimizer step (default: all of a rollout)"),
+    (
+        "--calculate-per-token-loss",
+        "algorithm",
+        "calculate_per_token_loss",
+        BOOL,
+        "token mean instead of sample mean",
+    ),
+    (
+        "--global-batch-size",
+        "optimizer",
+        "global_batch_size",
+        int,
+        "samples per optimizer step (default: all of a rollout)",
+    ),
     ("--micro-batch-size", "optimizer", "micro_batch_size", int, "samples per forward/backward"),
     ("--lr", "optimizer", "lr", float, "AdamW learning rate"),
     ("--clip-grad", "optimizer", "clip_grad", float, "gradient norm clip (0 disables)"),
@@ -67,7 +97,13 @@ TRAIN_FLAGS: list[tuple[str, str, str, Any, str]] = [
     ("--colocate", "colocate", "colocate", BOOL, "engine and trainer share devices (offload around phases)"),
     ("--offload-train", "colocate", "offload_train", BOOL, "offload trainer state during rollout"),
     ("--offload-rollout", "colocate", "offload_rollout", BOOL, "release engine memory during training"),
-    ("--update-weight-buffer-size", "colocate", "update_weight_buffer_size", int, "bytes per weight-sync bucket"),
+    (
+        "--update-weight-buffer-size",
+        "colocate",
+        "update_weight_buffer_size",
+        int,
+        "bytes per weight-sync bucket",
+    ),
     ("--save", "checkpoint", "save", str, "checkpoint directory"),
     ("--load", "checkpoint", "load", str, "resume from the newest checkpoint here (empty dir: start fresh)"),
     ("--save-interval", "checkpoint", "save_interval", int, "save every N rollouts (and at the end)"),
@@ -118,7 +154,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grpolab", description="A GRPO trainer built for debugging and reproducing RL runs.")
+    parser = argparse.ArgumentParser(
+        prog="grpolab", description="A GRPO trainer built for debugging and reproducing RL runs."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run GRPO and write a run directory", allow_abbrev=False)
     add_train_flags(train)

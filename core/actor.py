@@ -78,19 +78,34 @@ class Actor:
                 eps=optimizer.adam_eps,
                 weight_decay=optimizer.weight_decay,
             )
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)  # Miles default: constant
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, lambda _: 1.0
+            )  # Miles default: constant
         self.offloaded = False
 
     # ------------------------------------------------------------------ log-probs
     def _collate(self, samples: list[Sample]) -> MicroBatch:
-        return collate(samples, pad_id=self.pad_id, padding_side=self.padding_side, vocab_size=self.vocab_size, device=self.device)
+        return collate(
+            samples,
+            pad_id=self.pad_id,
+            padding_side=self.padding_side,
+            vocab_size=self.vocab_size,
+            device=self.device,
+        )
 
-    def _forward(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(
+        self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Response-position log-probs [B, L] (float32) and entropies [B, L] of one micro-batch."""
         logits_BLV = model(
-            input_ids=mb.input_ids_BL, attention_mask=mb.attention_mask_BL, position_ids=mb.position_ids_BL, use_cache=False
+            input_ids=mb.input_ids_BL,
+            attention_mask=mb.attention_mask_BL,
+            position_ids=mb.position_ids_BL,
+            use_cache=False,
         ).logits
-        log_probs_BL = algorithms.token_log_probs(logits_BLV, mb.input_ids_BL, temperature=self.temperature, keep_mask_BLV=mb.keep_mask_BLV)
+        log_probs_BL = algorithms.token_log_probs(
+            logits_BLV, mb.input_ids_BL, temperature=self.temperature, keep_mask_BLV=mb.keep_mask_BLV
+        )
         entropy_BL = None
         if with_entropy:
             # entropy of the distribution that scores token t lives in logits row t-1 (unmasked support, as slime)
@@ -99,7 +114,9 @@ class Actor:
         return log_probs_BL, entropy_BL
 
     @torch.no_grad()
-    def compute_log_probs(self, samples: list[Sample], *, reference: bool = False, with_entropy: bool = False) -> LogProbs:
+    def compute_log_probs(
+        self, samples: list[Sample], *, reference: bool = False, with_entropy: bool = False
+    ) -> LogProbs:
         """Log-probs of every sample's response under the policy (or the frozen reference).
 
         Micro-batches follow `--micro-batch-size` in sample order, the same split `train` uses, so
@@ -125,7 +142,13 @@ class Actor:
 
     # ------------------------------------------------------------------ training
     def train(
-        self, samples: list[Sample], old: list[torch.Tensor], ref: list[torch.Tensor] | None, *, step_offset: int, apply_update: bool = True
+        self,
+        samples: list[Sample],
+        old: list[torch.Tensor],
+        ref: list[torch.Tensor] | None,
+        *,
+        step_offset: int,
+        apply_update: bool = True,
     ) -> list[dict[str, float]]:
         """Run the optimizer steps of one rollout; return one `train/*` metrics dict per step.
 
@@ -147,17 +170,23 @@ class Actor:
         return metrics
 
     def _train_window(
-        self, samples: list[Sample], window: list[int], old: list[torch.Tensor], ref: list[torch.Tensor] | None, step: int, apply_update: bool
+        self,
+        samples: list[Sample],
+        window: list[int],
+        old: list[torch.Tensor],
+        ref: list[torch.Tensor] | None,
+        step: int,
+        apply_update: bool,
     ) -> dict[str, float]:
         algo = self.algo
         mode = "token_mean" if algo.calculate_per_token_loss else "sample_mean"
-        denominator = float(sum(int(samples[i].loss_mask.sum()) for i in window)) if mode == "token_mean" else float(len(window))
+        denominator = (
+            float(sum(int(samples[i].loss_mask.sum()) for i in window))
+            if mode == "token_mean"
+            else float(len(window))
+        )
         denominator = max(denominator, 1.0)
         sums: dict[str, float] = {}
-
-        def add(name: str, value: torch.Tensor) -> None:
-            sums[name] = sums.get(name, 0.0) + float(value.detach())
-
         self.model.zero_grad(set_to_none=True)
         for chunk in split(window, self.opt_cfg.micro_batch_size):
             mb = self._collate([samples[i] for i in chunk])
@@ -169,38 +198,51 @@ class Actor:
             assert entropy_BL is not None
 
             pg_BL, clipfrac_BL, ppo_kl_BL = algorithms.policy_loss(
-                log_probs_BL, old_BL, adv_BL, eps_clip=algo.eps_clip, eps_clip_high=algo.eps_clip_high, eps_clip_c=algo.eps_clip_c
+                log_probs_BL,
+                old_BL,
+                adv_BL,
+                eps_clip=algo.eps_clip,
+                eps_clip_high=algo.eps_clip_high,
+                eps_clip_c=algo.eps_clip_c,
             )
+            per_token = {
+                "train/entropy_loss": entropy_BL,
+                "train/pg_clipfrac": clipfrac_BL,
+                "train/ppo_kl": ppo_kl_BL,
+            }
             if algo.use_tis:
-                tis_BL, tis_raw_BL = algorithms.tis_weights(old_BL, rollout_BL, clip_low=algo.tis_clip_low, clip_high=algo.tis_clip)
+                tis_BL, tis_raw_BL = algorithms.tis_weights(
+                    old_BL, rollout_BL, clip_low=algo.tis_clip_low, clip_high=algo.tis_clip
+                )
                 pg_BL = pg_BL * tis_BL
-                add("train/tis", algorithms.aggregate_loss(tis_raw_BL, mask_BL, mode=mode, denominator=denominator))
-                add("train/tis_abs", algorithms.aggregate_loss((tis_raw_BL - 1).abs(), mask_BL, mode=mode, denominator=denominator))
-                clipped_BL = ((tis_raw_BL < algo.tis_clip_low) | (tis_raw_BL > algo.tis_clip)).float()
-                add("train/tis_clipfrac", algorithms.aggregate_loss(clipped_BL, mask_BL, mode=mode, denominator=denominator))
-
-            def agg(values_BL: torch.Tensor) -> torch.Tensor:
-                return algorithms.aggregate_loss(values_BL, mask_BL, mode=mode, denominator=denominator)
-
-            pg_loss = agg(pg_BL)
-            entropy_loss = agg(entropy_BL)
-            loss = pg_loss - algo.entropy_coef * entropy_loss
+                per_token["train/tis"] = tis_raw_BL
+                per_token["train/tis_abs"] = (tis_raw_BL - 1).abs()
+                per_token["train/tis_clipfrac"] = (
+                    (tis_raw_BL < algo.tis_clip_low) | (tis_raw_BL > algo.tis_clip)
+                ).float()
+            per_token["train/pg_loss"] = pg_BL
             if algo.use_kl_loss:
                 assert ref is not None, "--use-kl-loss needs reference log-probs"
                 ref_BL = mb.scatter([ref[i] for i in chunk])
-                kl_loss = agg(algorithms.get_kl_estimator(algo.kl_loss_type)(log_probs_BL, ref_BL))
-                loss = loss + algo.kl_loss_coef * kl_loss
-                add("train/kl_loss", kl_loss)
-            loss.backward()
-            add("train/loss", loss)
-            add("train/pg_loss", pg_loss)
-            add("train/entropy_loss", entropy_loss)
-            add("train/pg_clipfrac", agg(clipfrac_BL))
-            add("train/ppo_kl", agg(ppo_kl_BL))
+                per_token["train/kl_loss"] = algorithms.get_kl_estimator(algo.kl_loss_type)(
+                    log_probs_BL, ref_BL
+                )
             with torch.no_grad():
-                diff_BL = (old_BL - rollout_BL).abs()
-                add("train/train_rollout_logprob_abs_diff", agg(diff_BL))
-                add("train/train_rollout_kl", agg(algorithms.get_kl_estimator("low_var_kl")(old_BL, rollout_BL)))
+                per_token["train/train_rollout_logprob_abs_diff"] = (old_BL - rollout_BL).abs()
+                per_token["train/train_rollout_kl"] = algorithms.get_kl_estimator("low_var_kl")(
+                    old_BL, rollout_BL
+                )
+            reduced = {
+                k: algorithms.aggregate_loss(v, mask_BL, mode=mode, denominator=denominator)
+                for k, v in per_token.items()
+            }
+            loss = reduced["train/pg_loss"] - algo.entropy_coef * reduced["train/entropy_loss"]
+            if algo.use_kl_loss:
+                loss = loss + algo.kl_loss_coef * reduced["train/kl_loss"]
+            loss.backward()
+            reduced["train/loss"] = loss
+            for name, value in reduced.items():
+                sums[name] = sums.get(name, 0.0) + float(value.detach())
 
         max_norm = self.opt_cfg.clip_grad if self.opt_cfg.clip_grad > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)

@@ -94,7 +94,12 @@ class MicroBatch:
 
 
 def collate(
-    samples: list[Sample], *, pad_id: int, padding_side: PaddingSide = "right", vocab_size: int | None = None, device: str | torch.device = "cpu"
+    samples: list[Sample],
+    *,
+    pad_id: int,
+    padding_side: PaddingSide = "right",
+    vocab_size: int | None = None,
+    device: str | torch.device = "cpu",
 ) -> MicroBatch:
     """Pad samples into a MicroBatch.
 

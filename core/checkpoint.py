@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpolab.core.actor import Actor
-from grpolab.core.atomic import atomic_write_bytes, atomic_write_json
+from grpolab.core.atomic import atomic_write_bytes
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 
@@ -107,7 +107,11 @@ def load_checkpoint(path: str | Path, actor: Actor, *, model_fingerprint: str) -
     weights = load_file(path / "model.safetensors")
     own = dict(actor.named_weights())
     missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
-    wrong = [f"{k}: {tuple(weights[k].shape)} vs {tuple(v.shape)}" for k, v in own.items() if k in weights and weights[k].shape != v.shape]
+    wrong = [
+        f"{k}: {tuple(weights[k].shape)} vs {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in weights and weights[k].shape != v.shape
+    ]
     if missing or unexpected or wrong:
         raise CheckpointError(
             f"--load: {path} does not fit --hf-checkpoint: missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {wrong[:5]}"
@@ -116,7 +120,9 @@ def load_checkpoint(path: str | Path, actor: Actor, *, model_fingerprint: str) -
         for name, tensor in own.items():
             tensor.copy_(weights[name])
     if actor.optimizer is not None and (path / "optimizer.pt").exists():
-        actor.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location=actor.device))
+        actor.optimizer.load_state_dict(
+            torch.load(path / "optimizer.pt", weights_only=True, map_location=actor.device)
+        )
         assert actor.scheduler is not None
         actor.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     rng = torch.load(path / "rng.pt", weights_only=True)

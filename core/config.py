@@ -38,9 +38,18 @@ class ModelConfig:
     """`--device`: "cpu" or "cuda" (trainer and in-process engine share it: colocated)."""
 
     def __post_init__(self) -> None:
-        _require(self.rollout_dtype in DTYPE_NAMES, f"--rollout-dtype must be one of {DTYPE_NAMES}, got {self.rollout_dtype!r}")
-        _require(self.train_dtype in DTYPE_NAMES, f"--train-dtype must be one of {DTYPE_NAMES}, got {self.train_dtype!r}")
-        _require(self.device.split(":")[0] in ("cpu", "cuda"), f"--device must be cpu or cuda[:N], got {self.device!r}")
+        _require(
+            self.rollout_dtype in DTYPE_NAMES,
+            f"--rollout-dtype must be one of {DTYPE_NAMES}, got {self.rollout_dtype!r}",
+        )
+        _require(
+            self.train_dtype in DTYPE_NAMES,
+            f"--train-dtype must be one of {DTYPE_NAMES}, got {self.train_dtype!r}",
+        )
+        _require(
+            self.device.split(":")[0] in ("cpu", "cuda"),
+            f"--device must be cpu or cuda[:N], got {self.device!r}",
+        )
 
 
 @dataclass(kw_only=True)
@@ -84,10 +93,20 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _require(self.num_rollout >= 1, f"--num-rollout must be >= 1, got {self.num_rollout}")
-        _require(self.rollout_batch_size >= 1, f"--rollout-batch-size must be >= 1, got {self.rollout_batch_size}")
-        _require(self.n_samples_per_prompt >= 1, f"--n-samples-per-prompt must be >= 1, got {self.n_samples_per_prompt}")
-        _require(self.rollout_max_response_len >= 1, f"--rollout-max-response-len must be >= 1, got {self.rollout_max_response_len}")
-        _require(self.rollout_temperature > 0, f"--rollout-temperature must be > 0, got {self.rollout_temperature}")
+        _require(
+            self.rollout_batch_size >= 1, f"--rollout-batch-size must be >= 1, got {self.rollout_batch_size}"
+        )
+        _require(
+            self.n_samples_per_prompt >= 1,
+            f"--n-samples-per-prompt must be >= 1, got {self.n_samples_per_prompt}",
+        )
+        _require(
+            self.rollout_max_response_len >= 1,
+            f"--rollout-max-response-len must be >= 1, got {self.rollout_max_response_len}",
+        )
+        _require(
+            self.rollout_temperature > 0, f"--rollout-temperature must be > 0, got {self.rollout_temperature}"
+        )
         _require(0 < self.rollout_top_p <= 1, f"--rollout-top-p must be in (0, 1], got {self.rollout_top_p}")
         if self.rollout_top_k < 0:
             self.rollout_top_k = 0
@@ -108,8 +127,14 @@ class RewardConfig:
     reward_key: str | None = None
 
     def __post_init__(self) -> None:
-        _require(self.rm_type is not None or self.custom_rm_path is not None, "one of --rm-type or --custom-rm-path is required")
-        _require(not self.group_rm or self.custom_rm_path is not None, "--group-rm needs --custom-rm-path (a function scoring a whole group)")
+        _require(
+            self.rm_type is not None or self.custom_rm_path is not None,
+            "one of --rm-type or --custom-rm-path is required",
+        )
+        _require(
+            not self.group_rm or self.custom_rm_path is not None,
+            "--group-rm needs --custom-rm-path (a function scoring a whole group)",
+        )
 
 
 @dataclass(kw_only=True)
@@ -134,15 +159,26 @@ class AlgorithmConfig:
     """`--calculate-per-token-loss`: token mean over the optimizer window instead of sample mean."""
 
     def __post_init__(self) -> None:
-        _require(self.advantage_estimator == "grpo", f"--advantage-estimator: only 'grpo' is supported, got {self.advantage_estimator!r}")
+        _require(
+            self.advantage_estimator == "grpo",
+            f"--advantage-estimator: only 'grpo' is supported, got {self.advantage_estimator!r}",
+        )
         _require(self.eps_clip > 0, f"--eps-clip must be > 0, got {self.eps_clip}")
         if self.eps_clip_high is None:
             self.eps_clip_high = self.eps_clip
         _require(self.eps_clip_high > 0, f"--eps-clip-high must be > 0, got {self.eps_clip_high}")
-        _require(self.eps_clip_c is None or self.eps_clip_c > 1, f"--eps-clip-c must be > 1, got {self.eps_clip_c}")
-        _require(self.kl_loss_type in KL_LOSS_TYPES, f"--kl-loss-type must be one of {KL_LOSS_TYPES}, got {self.kl_loss_type!r}")
+        _require(
+            self.eps_clip_c is None or self.eps_clip_c > 1, f"--eps-clip-c must be > 1, got {self.eps_clip_c}"
+        )
+        _require(
+            self.kl_loss_type in KL_LOSS_TYPES,
+            f"--kl-loss-type must be one of {KL_LOSS_TYPES}, got {self.kl_loss_type!r}",
+        )
         _require(self.kl_loss_coef >= 0, f"--kl-loss-coef must be >= 0, got {self.kl_loss_coef}")
-        _require(0 <= self.tis_clip_low < self.tis_clip, f"--tis-clip-low/--tis-clip must satisfy 0 <= low < high, got {self.tis_clip_low}, {self.tis_clip}")
+        _require(
+            0 <= self.tis_clip_low < self.tis_clip,
+            f"--tis-clip-low/--tis-clip must satisfy 0 <= low < high, got {self.tis_clip_low}, {self.tis_clip}",
+        )
 
 
 @dataclass(kw_only=True)
@@ -161,7 +197,10 @@ class OptimizerConfig:
     adam_eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        _require(self.global_batch_size is None or self.global_batch_size >= 1, f"--global-batch-size must be >= 1, got {self.global_batch_size}")
+        _require(
+            self.global_batch_size is None or self.global_batch_size >= 1,
+            f"--global-batch-size must be >= 1, got {self.global_batch_size}",
+        )
         _require(self.micro_batch_size >= 1, f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
         _require(self.lr >= 0, f"--lr must be >= 0, got {self.lr}")
         _require(self.clip_grad >= 0, f"--clip-grad must be >= 0 (0 disables), got {self.clip_grad}")
@@ -178,7 +217,10 @@ class ColocateConfig:
     """`--update-weight-buffer-size`: bytes per weight-sync bucket (Miles default 512 MiB)."""
 
     def __post_init__(self) -> None:
-        _require(self.update_weight_buffer_size >= 1, f"--update-weight-buffer-size must be >= 1 byte, got {self.update_weight_buffer_size}")
+        _require(
+            self.update_weight_buffer_size >= 1,
+            f"--update-weight-buffer-size must be >= 1 byte, got {self.update_weight_buffer_size}",
+        )
 
 
 @dataclass(kw_only=True)
@@ -190,7 +232,10 @@ class CheckpointConfig:
     save_interval: int | None = None
 
     def __post_init__(self) -> None:
-        _require(self.save_interval is None or self.save_interval >= 1, f"--save-interval must be >= 1, got {self.save_interval}")
+        _require(
+            self.save_interval is None or self.save_interval >= 1,
+            f"--save-interval must be >= 1, got {self.save_interval}",
+        )
         _require(self.save_interval is None or self.save is not None, "--save-interval needs --save DIR")
 
 

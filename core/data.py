@@ -58,7 +58,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"--prompt-data: {p} line {line_no} is not valid JSON: {e}") from None
             if not isinstance(row, dict):
-                raise ValueError(f"--prompt-data: {p} line {line_no} is a {type(row).__name__}, expected a JSON object")
+                raise ValueError(
+                    f"--prompt-data: {p} line {line_no} is a {type(row).__name__}, expected a JSON object"
+                )
             rows.append(row)
     return rows
 
@@ -76,7 +78,9 @@ class PromptDataset:
         ValueError: empty file, or a row missing a key (names the key, the row and the keys present).
     """
 
-    def __init__(self, path: str | Path, tokenizer, *, input_key: str, label_key: str, apply_chat_template: bool) -> None:
+    def __init__(
+        self, path: str | Path, tokenizer, *, input_key: str, label_key: str, apply_chat_template: bool
+    ) -> None:
         self.path = Path(path)
         self.rows = read_rows(path)
         if not self.rows:
@@ -84,7 +88,9 @@ class PromptDataset:
         for i, row in enumerate(self.rows):
             for flag, key in (("--input-key", input_key), ("--label-key", label_key)):
                 if key not in row:
-                    raise ValueError(f"{flag} {key!r}: row {i} of {path} has no such field (fields: {sorted(row)})")
+                    raise ValueError(
+                        f"{flag} {key!r}: row {i} of {path} has no such field (fields: {sorted(row)})"
+                    )
         if apply_chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("--apply-chat-template: the tokenizer of --hf-checkpoint has no chat template")
         self.tokenizer = tokenizer
@@ -107,7 +113,9 @@ class PromptDataset:
         return Prompt(index=index, text=text, prompt_ids=prompt_ids, label=str(row[self.label_key]))
 
 
-def rollout_prompt_indices(*, num_rows: int, rollout_id: int, rollout_batch_size: int, seed: int, shuffle: bool) -> list[int]:
+def rollout_prompt_indices(
+    *, num_rows: int, rollout_id: int, rollout_batch_size: int, seed: int, shuffle: bool
+) -> list[int]:
     """Row indices of the prompts that rollout `rollout_id` uses.
 
     Global position g = rollout_id·B + j (j < B) maps to epoch g // num_rows and offset g % num_rows
@@ -120,7 +128,9 @@ def rollout_prompt_indices(*, num_rows: int, rollout_id: int, rollout_batch_size
     for g in range(start, start + rollout_batch_size):
         epoch, offset = divmod(g, num_rows)
         if epoch != cached_epoch:
-            order = np.random.default_rng([seed, epoch]).permutation(num_rows) if shuffle else np.arange(num_rows)
+            order = (
+                np.random.default_rng([seed, epoch]).permutation(num_rows) if shuffle else np.arange(num_rows)
+            )
             cached_epoch = epoch
         indices.append(int(order[offset]))
     return indices

@@ -59,7 +59,9 @@ class GRPORun:
             label_key=cfg.data.label_key,
             apply_chat_template=cfg.data.apply_chat_template,
         )
-        self.custom_reward = rewards.load_custom_reward(cfg.reward.custom_rm_path) if cfg.reward.custom_rm_path else None
+        self.custom_reward = (
+            rewards.load_custom_reward(cfg.reward.custom_rm_path) if cfg.reward.custom_rm_path else None
+        )
         if self.custom_reward is None:
             rewards.get_reward_fn(cfg.reward.rm_type)  # unknown --rm-type fails here, before any work
         self.engine: RolloutEngine = TorchEngine(
@@ -76,7 +78,10 @@ class GRPORun:
             algorithm=cfg.algorithm,
             temperature=cfg.rollout.rollout_temperature,
         )
-        stop_ids = {self.tokenizer.eos_token_id, getattr(self.actor.model.generation_config, "eos_token_id", None)}
+        stop_ids = {
+            self.tokenizer.eos_token_id,
+            getattr(self.actor.model.generation_config, "eos_token_id", None),
+        }
         flat: set[int] = set()
         for s in stop_ids:
             flat.update(s if isinstance(s, list) else [s] if s is not None else [])
@@ -117,8 +122,12 @@ class GRPORun:
             self.run_dir.event("resume", found=False, load=str(load))
             return
         restored = checkpoint.load_checkpoint(latest, self.actor, model_fingerprint=self.fingerprint)
-        self.state = RunState(next_rollout_id=restored.next_rollout_id, weight_version=restored.weight_version - 1)
-        log.info(f"--load {load}: resumed from {latest.name}, continuing at rollout {restored.next_rollout_id}")
+        self.state = RunState(
+            next_rollout_id=restored.next_rollout_id, weight_version=restored.weight_version - 1
+        )
+        log.info(
+            f"--load {load}: resumed from {latest.name}, continuing at rollout {restored.next_rollout_id}"
+        )
         self.run_dir.event("resume", found=True, path=str(latest), next_rollout_id=restored.next_rollout_id)
 
     # ------------------------------------------------------------------ the loop
@@ -135,7 +144,9 @@ class GRPORun:
             self.run_dir.finish("interrupted", rollout_id=self.state.next_rollout_id)
             raise
         except BaseException as e:
-            self.run_dir.finish("failed", rollout_id=self.state.next_rollout_id, error=f"{type(e).__name__}: {e}")
+            self.run_dir.finish(
+                "failed", rollout_id=self.state.next_rollout_id, error=f"{type(e).__name__}: {e}"
+            )
             raise
         self.run_dir.finish("finished", rollouts=cfg.rollout.num_rollout)
         return self.run_dir.path
@@ -160,10 +171,18 @@ class GRPORun:
             old = self.actor.compute_log_probs(samples, with_entropy=True)
         with timer("ref_log_probs"):
             ref = self.actor.compute_log_probs(samples, reference=True)
-        rollout_line = rollout_metrics(samples, log_probs=old.log_probs, ref_log_probs=ref.log_probs, entropy=old.entropy, rollout_id=rollout_id)
+        rollout_line = rollout_metrics(
+            samples,
+            log_probs=old.log_probs,
+            ref_log_probs=ref.log_probs,
+            entropy=old.entropy,
+            rollout_id=rollout_id,
+        )
         self._emit("rollout", rollout_id, rollout_line)
         with timer("actor_train"):
-            steps = self.actor.train(samples, old.log_probs, ref.log_probs, step_offset=rollout_id * cfg.steps_per_rollout)
+            steps = self.actor.train(
+                samples, old.log_probs, ref.log_probs, step_offset=rollout_id * cfg.steps_per_rollout
+            )
         for step_metrics in steps:
             self._emit("step", int(step_metrics["train/step"]), step_metrics, rollout_id=rollout_id)
         self.state.next_rollout_id = rollout_id + 1
@@ -180,7 +199,10 @@ class GRPORun:
         self.run_dir.heartbeat("update_weights", rollout_id)
         self._sync_weights()
         perf = timer.pop()
-        perf["perf/train_time"] = sum(perf.get(k, 0.0) for k in ("perf/log_probs_time", "perf/ref_log_probs_time", "perf/actor_train_time"))
+        perf["perf/train_time"] = sum(
+            perf.get(k, 0.0)
+            for k in ("perf/log_probs_time", "perf/ref_log_probs_time", "perf/actor_train_time")
+        )
         perf["perf/step_time"] = time.perf_counter() - start
         stats = getattr(self.engine, "last_stats", {})
         if stats:
@@ -235,7 +257,14 @@ class GRPORun:
         """Fill `reward` (rm or custom function) and `advantage` (GRPO, per group) in place."""
         cfg = self.cfg
         records = [
-            {"prompt": s.prompt_text, "response": s.response_text, "label": s.label, "index": s.index, "group_index": s.group_index, "metadata": s.metadata}
+            {
+                "prompt": s.prompt_text,
+                "response": s.response_text,
+                "label": s.label,
+                "index": s.index,
+                "group_index": s.group_index,
+                "metadata": s.metadata,
+            }
             for s in samples
         ]
         values = rewards.score_samples_sync(
@@ -249,7 +278,9 @@ class GRPORun:
         rewards_B = torch.tensor(values, dtype=torch.float64)
         group_ids_B = torch.tensor([s.group_index for s in samples])
         estimator = algorithms.get_advantage_estimator(cfg.algorithm.advantage_estimator)
-        advantages_B = estimator(rewards_B, group_ids_B, std_normalize=not cfg.algorithm.disable_grpo_std_normalization)
+        advantages_B = estimator(
+            rewards_B, group_ids_B, std_normalize=not cfg.algorithm.disable_grpo_std_normalization
+        )
         for s, r, a in zip(samples, values, advantages_B.tolist()):
             s.reward, s.advantage = float(r), float(a)
 
@@ -257,7 +288,10 @@ class GRPORun:
         with self.timer("update_weights"):
             version = self.state.weight_version + 1
             stats = sync_weights(
-                self.actor.named_weights(), self.engine, weight_version=version, buffer_bytes=self.cfg.colocate.update_weight_buffer_size
+                self.actor.named_weights(),
+                self.engine,
+                weight_version=version,
+                buffer_bytes=self.cfg.colocate.update_weight_buffer_size,
             )
             self.state.weight_version = version
         self.run_dir.event("weight_update", weight_version=version, buckets=stats.buckets, bytes=stats.bytes)
@@ -278,9 +312,13 @@ class GRPORun:
             model_fingerprint=self.fingerprint,
         )
 
-    def _emit(self, kind: str, index: int, metrics: dict[str, float], *, rollout_id: int | None = None) -> None:
+    def _emit(
+        self, kind: str, index: int, metrics: dict[str, float], *, rollout_id: int | None = None
+    ) -> None:
         log.info(format_line(kind, index, metrics))
-        self.run_dir.log_metrics(kind, index if rollout_id is None else rollout_id, metrics, step=index if kind == "step" else None)
+        self.run_dir.log_metrics(
+            kind, index if rollout_id is None else rollout_id, metrics, step=index if kind == "step" else None
+        )
 
 
 def train(config: Config, argv: list[str] | None = None) -> Path:

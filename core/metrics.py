@@ -50,7 +50,9 @@ def rollout_metrics(
     out: dict[str, float] = {
         "rollout/raw_reward": sum(s.reward for s in samples) / len(samples),
         "rollout/rewards": sum(s.advantage for s in samples) / len(samples),
-        "rollout/advantages": _sample_mean([torch.full_like(s.loss_mask, s.advantage) for s in samples], masks),
+        "rollout/advantages": _sample_mean(
+            [torch.full_like(s.loss_mask, s.advantage) for s in samples], masks
+        ),
         "rollout/response_lengths": sum(lengths) / len(lengths),
         "rollout/total_lengths": sum(len(s.prompt_ids) + s.response_length for s in samples) / len(samples),
         "rollout/truncated": sum(s.truncated for s in samples) / len(samples),
@@ -104,7 +106,13 @@ def format_line(kind: str, index: int, metrics: dict[str, float]) -> str:
     return f"{kind} {index}: {dict(metrics)!r}"
 
 
-def summary_row(rollout_id: int, num_rollout: int, rollout: dict[str, float], steps: list[dict[str, float]], perf: dict[str, float]) -> str:
+def summary_row(
+    rollout_id: int,
+    num_rollout: int,
+    rollout: dict[str, float],
+    steps: list[dict[str, float]],
+    perf: dict[str, float],
+) -> str:
     """One compact human row per rollout, e.g. `[3/8] reward 0.42 len 11.2 trunc 0.00 kl 0.0012 gap 0.0001 step 1.9s`."""
     last = steps[-1] if steps else {}
     return (

@@ -18,7 +18,11 @@ from transformers.utils import logging as hf_logging
 
 hf_logging.disable_progress_bar()  # "Loading weights" bars would drown the run's own output
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 def parse_dtype(name: str, flag: str) -> torch.dtype:
@@ -36,13 +40,19 @@ def _split_checkpoint(path: str | Path) -> tuple[Path, dict]:
     """Return (directory, extra from_pretrained kwargs) for a checkpoint directory or GGUF file."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise FileNotFoundError(f"--hf-checkpoint: {p} does not exist (expected a model directory or a .gguf file)")
+        raise FileNotFoundError(
+            f"--hf-checkpoint: {p} does not exist (expected a model directory or a .gguf file)"
+        )
     if p.is_file():
         if p.suffix != ".gguf":
-            raise ValueError(f"--hf-checkpoint: {p} is a file but not a .gguf file; pass a model directory instead")
+            raise ValueError(
+                f"--hf-checkpoint: {p} is a file but not a .gguf file; pass a model directory instead"
+            )
         return p.parent, {"gguf_file": p.name}
     if not (p / "config.json").exists():
-        raise ValueError(f"--hf-checkpoint: {p} has no config.json; expected a directory written by save_pretrained")
+        raise ValueError(
+            f"--hf-checkpoint: {p} has no config.json; expected a directory written by save_pretrained"
+        )
     return p, {}
 
 
@@ -52,7 +62,9 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, **extra)
 
 
-def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> PreTrainedModel:
+def load_causal_lm(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> PreTrainedModel:
     """Load a fresh, independent causal LM (its own parameter storage) in eval mode.
 
     A GGUF-loaded model is rebuilt as a plain model from its config and state dict, so it can be

@@ -32,9 +32,16 @@ def environment_fingerprint() -> dict[str, Any]:
 
     commit = None
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(grpolab.__file__).parent, capture_output=True, text=True, timeout=5
-        ).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                cwd=Path(grpolab.__file__).parent,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         pass
     devices = ["cpu: " + (platform.processor() or platform.machine())]
@@ -70,11 +77,15 @@ class RunDirectory:
         self._log_handler: logging.Handler | None = None
 
     @classmethod
-    def create(cls, path: str | Path, *, config: dict, argv: list[str], seed: int, rank: int = 0) -> RunDirectory:
+    def create(
+        cls, path: str | Path, *, config: dict, argv: list[str], seed: int, rank: int = 0
+    ) -> RunDirectory:
         """Make the directory and write `run.json` (first file of every run)."""
         run = cls(path, rank=rank)
         if (run.path / "run.json").exists():
-            raise FileExistsError(f"--run-dir: {run.path} already holds a run (run.json exists); choose another --run-dir")
+            raise FileExistsError(
+                f"--run-dir: {run.path} already holds a run (run.json exists); choose another --run-dir"
+            )
         run.path.mkdir(parents=True, exist_ok=True)
         (run.path / "ranks").mkdir(exist_ok=True)
         atomic_write_json(
@@ -97,9 +108,14 @@ class RunDirectory:
         with open(self.path / name, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=float) + "\n")
 
-    def log_metrics(self, kind: str, rollout_id: int, metrics: dict[str, float], *, step: int | None = None) -> None:
+    def log_metrics(
+        self, kind: str, rollout_id: int, metrics: dict[str, float], *, step: int | None = None
+    ) -> None:
         """Append one record to `metrics.jsonl` (kind: rollout | step | perf | eval)."""
-        self._append("metrics.jsonl", {"kind": kind, "rollout_id": rollout_id, "step": step, "time": time.time(), "metrics": metrics})
+        self._append(
+            "metrics.jsonl",
+            {"kind": kind, "rollout_id": rollout_id, "step": step, "time": time.time(), "metrics": metrics},
+        )
 
     def event(self, name: str, **fields: Any) -> None:
         """Append a lifecycle event (phase start/end, weight update, checkpoint, status) to `events.jsonl`."""

@@ -15,7 +15,9 @@ import torch
 
 def derive_sample_seed(run_seed: int, rollout_id: int, prompt_index: int, sample_index: int) -> int:
     """A 63-bit seed from SHA-256 of the four integers (stable across Python versions and platforms)."""
-    digest = hashlib.sha256(f"grpolab/{run_seed}/{rollout_id}/{prompt_index}/{sample_index}".encode()).digest()
+    digest = hashlib.sha256(
+        f"grpolab/{run_seed}/{rollout_id}/{prompt_index}/{sample_index}".encode()
+    ).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 

@@ -50,7 +50,13 @@ def plan_buckets(sizes_bytes: list[int], buffer_bytes: int) -> list[list[int]]:
     return buckets
 
 
-def sync_weights(named: Iterable[tuple[str, torch.Tensor]], engine: RolloutEngine, *, weight_version: int, buffer_bytes: int) -> SyncStats:
+def sync_weights(
+    named: Iterable[tuple[str, torch.Tensor]],
+    engine: RolloutEngine,
+    *,
+    weight_version: int,
+    buffer_bytes: int,
+) -> SyncStats:
     """Send every (HF name, tensor) to `engine` in buckets; return what moved.
 
     Raises:
@@ -63,5 +69,9 @@ def sync_weights(named: Iterable[tuple[str, torch.Tensor]], engine: RolloutEngin
     for bucket in buckets:
         echoed = engine.update_weights([items[i] for i in bucket], weight_version=weight_version)
         if echoed != weight_version:
-            raise WeightSyncError(f"engine acknowledged weight version {echoed} after a sync to version {weight_version}")
-    return SyncStats(buckets=len(buckets), tensors=len(items), bytes=sum(sizes), weight_version=weight_version)
+            raise WeightSyncError(
+                f"engine acknowledged weight version {echoed} after a sync to version {weight_version}"
+            )
+    return SyncStats(
+        buckets=len(buckets), tensors=len(items), bytes=sum(sizes), weight_version=weight_version
+    )

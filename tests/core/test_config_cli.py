@@ -14,13 +14,24 @@ def test_defaults_are_the_embedded_tiny_run() -> None:
     cfg = parse()
     assert cfg.rollout.num_rollout == 8
     assert cfg.data.apply_chat_template is True
-    assert cfg.optimizer.global_batch_size == cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
+    assert (
+        cfg.optimizer.global_batch_size == cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
+    )
     assert cfg.steps_per_rollout == 1
     assert cfg.algorithm.eps_clip_high == cfg.algorithm.eps_clip == 0.2
 
 
 def test_last_value_wins_and_miles_names() -> None:
-    cfg = parse("--rollout-batch-size", "4", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--global-batch-size", "4")
+    cfg = parse(
+        "--rollout-batch-size",
+        "4",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "4",
+        "--global-batch-size",
+        "4",
+    )
     assert cfg.rollout.rollout_batch_size == 2
     assert cfg.steps_per_rollout == 2
 

@@ -10,7 +10,9 @@ from grpolab.core.data import read_rows, rollout_prompt_indices
 def test_rollouts_walk_epochs_without_repeats() -> None:
     seen = []
     for rollout_id in range(5):
-        seen += rollout_prompt_indices(num_rows=10, rollout_id=rollout_id, rollout_batch_size=4, seed=1, shuffle=True)
+        seen += rollout_prompt_indices(
+            num_rows=10, rollout_id=rollout_id, rollout_batch_size=4, seed=1, shuffle=True
+        )
     assert sorted(seen[:10]) == list(range(10))  # first epoch is a permutation
     assert sorted(seen[10:20]) == list(range(10))
     assert seen[:10] != seen[10:20]  # a new order each epoch
@@ -19,7 +21,11 @@ def test_rollouts_walk_epochs_without_repeats() -> None:
 
 
 def test_no_shuffle_is_file_order() -> None:
-    assert rollout_prompt_indices(num_rows=5, rollout_id=1, rollout_batch_size=3, seed=0, shuffle=False) == [3, 4, 0]
+    assert rollout_prompt_indices(num_rows=5, rollout_id=1, rollout_batch_size=3, seed=0, shuffle=False) == [
+        3,
+        4,
+        0,
+    ]
 
 
 def test_bad_files_name_the_problem(tmp_path) -> None:

@@ -11,7 +11,17 @@ from grpolab.cli import build_parser, config_from_args, main
 from grpolab.core import checkpoint
 from grpolab.core.loop import train
 
-SMALL = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "24", "--micro-batch-size", "8", "--no-progress"]
+SMALL = [
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "4",
+    "--rollout-max-response-len",
+    "24",
+    "--micro-batch-size",
+    "8",
+    "--no-progress",
+]
 
 
 def run(tmp: Path, name: str, *extra: str) -> Path:
@@ -49,7 +59,11 @@ def test_run_directory_contract(two_rollouts: Path) -> None:
     assert meta["config"]["rollout"]["num_rollout"] == 2 and meta["seed"] == 1234
     assert meta["environment"]["torch"] and "deterministic" in meta["environment"]
     events = [json.loads(line) for line in (two_rollouts / "events.jsonl").read_text().splitlines()]
-    assert events[0]["event"] == "run_start" and events[-1] == {**events[-1], "event": "status", "status": "finished"}
+    assert events[0]["event"] == "run_start" and events[-1] == {
+        **events[-1],
+        "event": "status",
+        "status": "finished",
+    }
     assert [e["weight_version"] for e in events if e["event"] == "weight_update"] == [1, 2, 3]
     rank0 = json.loads((two_rollouts / "ranks" / "0.json").read_text())
     assert rank0["rank"] == 0 and rank0["pid"] > 0 and rank0["heartbeat"]["phase"] == "update_weights"
@@ -57,13 +71,22 @@ def test_run_directory_contract(two_rollouts: Path) -> None:
     for line in ("rollout 1: {", "step 1: {", "perf 1: {", "[2/2] reward"):
         assert line in console
     perf = records(two_rollouts, "perf")[1]["metrics"]
-    for key in ("perf/step_time", "perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/sleep_time", "perf/wake_up_time"):
+    for key in (
+        "perf/step_time",
+        "perf/rollout_time",
+        "perf/train_time",
+        "perf/update_weights_time",
+        "perf/sleep_time",
+        "perf/wake_up_time",
+    ):
         assert perf[key] > 0, key
     assert [r["rollout_id"] for r in records(two_rollouts, "step")] == [0, 1]
 
 
 def test_resume_continues_with_the_same_data_and_weights(tmp_path: Path) -> None:
-    full = run(tmp_path, "full", "--num-rollout", "3", "--save", str(tmp_path / "ckpt"), "--save-interval", "2")
+    full = run(
+        tmp_path, "full", "--num-rollout", "3", "--save", str(tmp_path / "ckpt"), "--save-interval", "2"
+    )
     assert checkpoint.find_latest(tmp_path / "ckpt").name == "iter_0000003"
     # a second run resumes from the rollout-2 checkpoint of the first
     (tmp_path / "ckpt" / checkpoint.LATEST_FILE).write_text("2\n")
@@ -81,7 +104,17 @@ def test_empty_load_dir_starts_fresh_and_says_so(tmp_path: Path) -> None:
 
 
 def test_real_gsm8k_prompts_run(tmp_path: Path, gsm8k_train: Path) -> None:
-    argv = ["train", "--prompt-data", str(gsm8k_train), "--input-key", "question", "--label-key", "answer", "--num-rollout", "1"]
+    argv = [
+        "train",
+        "--prompt-data",
+        str(gsm8k_train),
+        "--input-key",
+        "question",
+        "--label-key",
+        "answer",
+        "--num-rollout",
+        "1",
+    ]
     argv += ["--no-progress", "--run-dir", str(tmp_path / "gsm8k")]
     assert main(argv) == 0
     rollout0 = records(tmp_path / "gsm8k", "rollout")[0]["metrics"]
@@ -105,7 +138,16 @@ def test_missing_prompt_file_and_key(tmp_path: Path, capsys) -> None:
     assert "--prompt-data" in fails(tmp_path, capsys, "--prompt-data", str(tmp_path / "none.jsonl"))
     data = tmp_path / "p.jsonl"
     data.write_text('{"q": "1+1?", "answer": "#### 2"}\n')
-    err = fails(tmp_path, capsys, "--prompt-data", str(data), "--input-key", "question", "--run-dir", str(tmp_path / "bad2"))
+    err = fails(
+        tmp_path,
+        capsys,
+        "--prompt-data",
+        str(data),
+        "--input-key",
+        "question",
+        "--run-dir",
+        str(tmp_path / "bad2"),
+    )
     assert "--input-key 'question'" in err and "row 0" in err
 
 

@@ -43,4 +43,6 @@ def test_sync_sends_every_tensor_once_in_buckets() -> None:
 
 def test_sync_fails_when_engine_echoes_another_version() -> None:
     with pytest.raises(WeightSyncError, match="version 4 after a sync to version 3"):
-        sync_weights([("w", torch.zeros(1))], RecordingEngine(echo_offset=1), weight_version=3, buffer_bytes=8)
+        sync_weights(
+            [("w", torch.zeros(1))], RecordingEngine(echo_offset=1), weight_version=3, buffer_bytes=8
+        )
