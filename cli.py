@@ -16,6 +16,7 @@ from grpolab.core.config import (
     ColocateConfig,
     Config,
     DataConfig,
+    DebugConfig,
     ModelConfig,
     OptimizerConfig,
     RewardConfig,
@@ -107,6 +108,85 @@ TRAIN_FLAGS: list[tuple[str, str, str, Any, str]] = [
     ("--save", "checkpoint", "save", str, "checkpoint directory"),
     ("--load", "checkpoint", "load", str, "resume from the newest checkpoint here (empty dir: start fresh)"),
     ("--save-interval", "checkpoint", "save_interval", int, "save every N rollouts (and at the end)"),
+    (
+        "--debug-rollout-only",
+        "debug",
+        "debug_rollout_only",
+        BOOL,
+        "generation only; no optimizer or backward",
+    ),
+    ("--debug-train-only", "debug", "debug_train_only", BOOL, "training only; no engine"),
+    (
+        "--save-debug-rollout-data",
+        "debug",
+        "save_debug_rollout_data",
+        str,
+        "record every rollout to this template (must contain {rollout_id})",
+    ),
+    (
+        "--load-debug-rollout-data",
+        "debug",
+        "load_debug_rollout_data",
+        str,
+        "train from recordings (implies --debug-train-only)",
+    ),
+    (
+        "--load-debug-rollout-data-subsample",
+        "debug",
+        "load_debug_rollout_data_subsample",
+        float,
+        "keep about this fraction of samples",
+    ),
+    (
+        "--allow-recording-mismatch",
+        "debug",
+        "allow_recording_mismatch",
+        BOOL,
+        "replay recordings made with another model/tokenizer/config",
+    ),
+    (
+        "--ci-inject-rollout-data-path",
+        "debug",
+        "ci_inject_rollout_data_path",
+        str,
+        "generate, compare with this recording, train on it",
+    ),
+    (
+        "--ci-inject-rollout-data-start-rollout-id",
+        "debug",
+        "ci_inject_rollout_data_start_rollout_id",
+        int,
+        "first rollout to inject",
+    ),
+    (
+        "--ci-inject-rollout-data-min-match-ratio",
+        "debug",
+        "ci_inject_rollout_data_min_match_ratio",
+        float,
+        "mean token match must exceed this",
+    ),
+    (
+        "--debug-skip-weight-update",
+        "debug",
+        "debug_skip_weight_update",
+        BOOL,
+        "keep offload/onload, skip sending weights",
+    ),
+    (
+        "--debug-disable-optimizer",
+        "debug",
+        "debug_disable_optimizer",
+        BOOL,
+        "no optimizer step; forward/backward still run",
+    ),
+    ("--debug-exit-after-rollout", "debug", "debug_exit_after_rollout", int, "stop after this rollout id"),
+    (
+        "--save-debug-event-data",
+        "debug",
+        "save_debug_event_data",
+        str,
+        "also write events.jsonl into this directory",
+    ),
     ("--run-dir", "run", "run_dir", str, "run directory (default runs/<time>-s<seed>)"),
     ("--seed", "run", "seed", int, "run seed"),
     ("--num-threads", "run", "num_threads", int, "torch CPU threads (pin for bitwise-reproducible CPU runs)"),
@@ -122,6 +202,7 @@ SECTIONS: dict[str, Callable[..., Any]] = {
     "optimizer": OptimizerConfig,
     "colocate": ColocateConfig,
     "checkpoint": CheckpointConfig,
+    "debug": DebugConfig,
     "run": RunConfig,
 }
 
@@ -160,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run GRPO and write a run directory", allow_abbrev=False)
     add_train_flags(train)
+    from grpolab.replay.cli import add_replay_parser
+
+    add_replay_parser(sub)
     return parser
 
 
@@ -168,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "replay":
+        from grpolab.replay.cli import run_replay_command
+
+        return run_replay_command(args)
     if args.command == "train":
         from grpolab.core.loop import train
 

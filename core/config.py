@@ -240,6 +240,91 @@ class CheckpointConfig:
 
 
 @dataclass(kw_only=True)
+class DebugConfig:
+    """Cut the loop in half (Miles debugging page): rollout-only capture, train-only replay, inject."""
+
+    debug_rollout_only: bool = False
+    """`--debug-rollout-only`: generation only; the trainer's optimizer and backward are never built."""
+    debug_train_only: bool = False
+    """`--debug-train-only`: no engine is built (implied by `--load-debug-rollout-data`)."""
+    save_debug_rollout_data: str | None = None
+    """`--save-debug-rollout-data`: template with `{rollout_id}`; every rollout is recorded there."""
+    load_debug_rollout_data: str | None = None
+    """`--load-debug-rollout-data`: train from these recordings instead of generating."""
+    load_debug_rollout_data_subsample: float | None = None
+    """`--load-debug-rollout-data-subsample F`: keep about F of each recording's samples."""
+    allow_recording_mismatch: bool = False
+    """`--allow-recording-mismatch`: replay a recording made with another model/tokenizer/config."""
+    ci_inject_rollout_data_path: str | None = None
+    """`--ci-inject-rollout-data-path`: generate, compare with this recording, train on the recording."""
+    ci_inject_rollout_data_start_rollout_id: int = 0
+    ci_inject_rollout_data_min_match_ratio: float = 0.9
+    """Mean response-token match ratio must be strictly greater than this (Miles default 0.9)."""
+    debug_skip_weight_update: bool = False
+    """`--debug-skip-weight-update`: keep the offload/onload schedule but do not send weights."""
+    debug_disable_optimizer: bool = False
+    """`--debug-disable-optimizer`: no optimizer or scheduler; forward and backward still run."""
+    debug_exit_after_rollout: int | None = None
+    """`--debug-exit-after-rollout N`: stop after rollout N."""
+    save_debug_event_data: str | None = None
+    """`--save-debug-event-data DIR`: the run's events.jsonl is written there as well."""
+
+    def __post_init__(self) -> None:
+        from grpolab.replay.recording import format_path
+
+        if self.load_debug_rollout_data is not None:
+            self.debug_train_only = True
+        _require(
+            not (self.debug_rollout_only and self.debug_train_only),
+            "--debug-rollout-only and --debug-train-only (or --load-debug-rollout-data) exclude each other: "
+            "one generates without training, the other trains without generating",
+        )
+        _require(
+            not self.debug_train_only or self.load_debug_rollout_data is not None,
+            "--debug-train-only needs --load-debug-rollout-data PATH: without an engine the recordings are the only data",
+        )
+        for flag, template in (
+            ("--save-debug-rollout-data", self.save_debug_rollout_data),
+            ("--load-debug-rollout-data", self.load_debug_rollout_data),
+            ("--ci-inject-rollout-data-path", self.ci_inject_rollout_data_path),
+        ):
+            if template is not None:
+                try:
+                    format_path(template, 0)
+                except ValueError as e:
+                    raise ValueError(f"{flag}: {e}") from None
+        if self.ci_inject_rollout_data_path is not None:
+            _require(
+                not self.debug_train_only,
+                "--ci-inject-rollout-data-path needs engines; it excludes --debug-train-only/--load-debug-rollout-data",
+            )
+            _require(
+                not self.debug_rollout_only,
+                "--ci-inject-rollout-data-path trains on the recording; it excludes --debug-rollout-only",
+            )
+        _require(
+            self.ci_inject_rollout_data_start_rollout_id >= 0,
+            "--ci-inject-rollout-data-start-rollout-id must be >= 0",
+        )
+        _require(
+            0 <= self.ci_inject_rollout_data_min_match_ratio <= 1,
+            "--ci-inject-rollout-data-min-match-ratio must be in [0, 1]",
+        )
+        _require(
+            self.load_debug_rollout_data_subsample is None or 0 < self.load_debug_rollout_data_subsample <= 1,
+            f"--load-debug-rollout-data-subsample must be in (0, 1], got {self.load_debug_rollout_data_subsample}",
+        )
+        _require(
+            self.load_debug_rollout_data_subsample is None or self.load_debug_rollout_data is not None,
+            "--load-debug-rollout-data-subsample needs --load-debug-rollout-data",
+        )
+        _require(
+            self.debug_exit_after_rollout is None or self.debug_exit_after_rollout >= 0,
+            "--debug-exit-after-rollout must be >= 0",
+        )
+
+
+@dataclass(kw_only=True)
 class RunConfig:
     """Where the run directory goes and the run seed."""
 
@@ -263,6 +348,7 @@ class Config:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     colocate: ColocateConfig = field(default_factory=ColocateConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:

@@ -34,7 +34,7 @@ def _reward_key(r: float) -> str:
 def rollout_metrics(
     samples: list[Sample],
     *,
-    log_probs: list[torch.Tensor],
+    log_probs: list[torch.Tensor] | None,
     ref_log_probs: list[torch.Tensor] | None,
     entropy: list[torch.Tensor] | None,
     rollout_id: int,
@@ -43,7 +43,8 @@ def rollout_metrics(
 
     Args:
         samples: the rollout's samples with rewards and advantages filled in.
-        log_probs / ref_log_probs / entropy: per-sample float32 [R] trainer values before training.
+        log_probs / ref_log_probs / entropy: per-sample float32 [R] trainer values before training
+            (None under `--debug-rollout-only`, where no trainer exists).
     """
     masks = [s.loss_mask for s in samples]
     lengths = [s.response_length for s in samples]
@@ -61,8 +62,9 @@ def rollout_metrics(
         "rollout/response_len/max": float(max(lengths)),
         "rollout/response_len/min": float(min(lengths)),
         "rollout/rollout_log_probs": _sample_mean([s.rollout_log_probs for s in samples], masks),
-        "rollout/log_probs": _sample_mean(log_probs, masks),
     }
+    if log_probs is not None:
+        out["rollout/log_probs"] = _sample_mean(log_probs, masks)
     if ref_log_probs is not None:
         out["rollout/ref_log_probs"] = _sample_mean(ref_log_probs, masks)
     if entropy is not None:
@@ -115,6 +117,12 @@ def summary_row(
 ) -> str:
     """One compact human row per rollout, e.g. `[3/8] reward 0.42 len 11.2 trunc 0.00 kl 0.0012 gap 0.0001 step 1.9s`."""
     last = steps[-1] if steps else {}
+    if not steps:  # --debug-rollout-only: no trainer numbers to show
+        return (
+            f"[{rollout_id + 1}/{num_rollout}] reward {rollout['rollout/raw_reward']:.3f}"
+            f" len {rollout['rollout/response_lengths']:.1f} trunc {rollout['rollout/truncated']:.2f}"
+            f" step {perf.get('perf/step_time', 0.0):.2f}s"
+        )
     return (
         f"[{rollout_id + 1}/{num_rollout}] reward {rollout['rollout/raw_reward']:.3f}"
         f" len {rollout['rollout/response_lengths']:.1f} trunc {rollout['rollout/truncated']:.2f}"

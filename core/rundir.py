@@ -71,17 +71,30 @@ class RunDirectory:
         FileExistsError: on `create` when the directory already holds a run (never overwrite a run).
     """
 
-    def __init__(self, path: str | Path, *, rank: int = 0) -> None:
+    def __init__(
+        self, path: str | Path, *, rank: int = 0, mirror_events_to: str | Path | None = None
+    ) -> None:
         self.path = Path(path)
         self.rank = rank
+        self.mirror_events_to = None if mirror_events_to is None else Path(mirror_events_to)
         self._log_handler: logging.Handler | None = None
 
     @classmethod
     def create(
-        cls, path: str | Path, *, config: dict, argv: list[str], seed: int, rank: int = 0
+        cls,
+        path: str | Path,
+        *,
+        config: dict,
+        argv: list[str],
+        seed: int,
+        rank: int = 0,
+        mirror_events_to: str | Path | None = None,
     ) -> RunDirectory:
-        """Make the directory and write `run.json` (first file of every run)."""
-        run = cls(path, rank=rank)
+        """Make the directory and write `run.json` (first file of every run).
+
+        `mirror_events_to` (`--save-debug-event-data DIR`) receives a copy of every event line.
+        """
+        run = cls(path, rank=rank, mirror_events_to=mirror_events_to)
         if (run.path / "run.json").exists():
             raise FileExistsError(
                 f"--run-dir: {run.path} already holds a run (run.json exists); choose another --run-dir"
@@ -104,8 +117,9 @@ class RunDirectory:
         return run
 
     # ------------------------------------------------------------------ files
-    def _append(self, name: str, record: dict) -> None:
-        with open(self.path / name, "a", encoding="utf-8") as f:
+    def _append(self, name: str, record: dict, directory: Path | None = None) -> None:
+        directory = self.path if directory is None else directory
+        with open(directory / name, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=float) + "\n")
 
     def log_metrics(
@@ -119,7 +133,11 @@ class RunDirectory:
 
     def event(self, name: str, **fields: Any) -> None:
         """Append a lifecycle event (phase start/end, weight update, checkpoint, status) to `events.jsonl`."""
-        self._append("events.jsonl", {"event": name, "time": time.time(), "rank": self.rank, **fields})
+        record = {"event": name, "time": time.time(), "rank": self.rank, **fields}
+        self._append("events.jsonl", record)
+        if self.mirror_events_to is not None:
+            self.mirror_events_to.mkdir(parents=True, exist_ok=True)
+            self._append("events.jsonl", record, self.mirror_events_to)
 
     def heartbeat(self, phase: str, rollout_id: int | None, step: int | None = None) -> None:
         """Rewrite `ranks/<rank>.json` with pid, host, role and the current phase."""

@@ -1,0 +1,212 @@
+"""`grpolab replay convert IN.pt OUT.grz` and `grpolab replay inspect FILE [--sample K]`.
+
+Wiring: `add_replay_parser(subparsers)` adds the `replay` command (sets `args.command = "replay"`);
+`run_replay_command(args)` runs it and returns the exit code (0 ok, 2 on any error, with the
+message on stderr). `python -m grpolab.replay.cli ...` runs it standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from grpolab.replay.format import MAGIC, RecordingError
+from grpolab.replay.miles_import import convert_miles, load_miles_pt, miles_samples
+from grpolab.replay.recording import FINGERPRINT_FIELDS, RolloutRecording, load_rollout
+
+
+def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `replay {convert,inspect}` to an argparse subparsers object; returns the `replay` parser."""
+    replay = subparsers.add_parser(
+        "replay", help="rollout recordings: convert Miles dumps, inspect .grz files"
+    )
+    sub = replay.add_subparsers(dest="replay_command", required=True)
+    conv = sub.add_parser("convert", help="convert a Miles/slime .pt rollout dump to a .grz recording")
+    conv.add_argument("input", help="Miles .pt file (loaded with torch.load(weights_only=True) only)")
+    conv.add_argument("output", help="destination .grz file")
+    conv.add_argument("--reward-key", default=None, help="key to read when a sample's reward is a dict")
+    insp = sub.add_parser("inspect", help="print a recording's header, reward and length summaries")
+    insp.add_argument("file", help=".grz recording (or a Miles .pt dump)")
+    insp.add_argument(
+        "--sample", type=int, default=None, metavar="K", help="also print sample K token by token"
+    )
+    insp.add_argument("--tokenizer", default=None, metavar="DIR", help="decode tokens with this tokenizer")
+    insp.add_argument("--reward-key", default=None, help="for Miles .pt input whose rewards are dicts")
+    return replay
+
+
+def run_replay_command(
+    args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Run `replay convert` / `replay inspect`; returns 0, or 2 after printing the error to stderr."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        if args.replay_command == "convert":
+            n = convert_miles(args.input, args.output, reward_key=args.reward_key)
+            print(f"wrote {args.output} ({n} bytes)", file=out)
+            return 0
+        if args.replay_command == "inspect":
+            inspect_file(
+                args.file,
+                sample=args.sample,
+                tokenizer_dir=args.tokenizer,
+                reward_key=args.reward_key,
+                out=out,
+            )
+            return 0
+        raise ValueError(f"unknown replay command {args.replay_command!r}")
+    except (RecordingError, ValueError, OSError) as e:
+        print(f"grpolab replay {args.replay_command}: error: {e}", file=err)
+        return 2
+
+
+def _load_any(path: Path, reward_key: str | None) -> RolloutRecording:
+    if not path.is_file():
+        raise RecordingError(f"{path}: no such recording")
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC))
+    if head != MAGIC and path.suffix == ".pt":
+        dump = load_miles_pt(path)
+        samples = miles_samples(dump, name=str(path), reward_key=reward_key)
+        return RolloutRecording(
+            rollout_id=dump.get("rollout_id", 0),
+            weight_version=max((s.weight_version for s in samples), default=0),
+            run_seed=0,
+            seeds=np.zeros(len(samples), np.uint64),
+            sampler={},
+            model_fingerprint="",
+            tokenizer_fingerprint="",
+            chat_template_hash="",
+            train_config={},
+            created=0.0,
+            samples=samples,
+            extra={"source": "miles (read directly, not converted)", "seeds_known": False},
+        )
+    return load_rollout(path)
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    a = np.asarray(values, dtype=np.float64)
+    return f"mean {a.mean():.6g}  min {a.min():.6g}  max {a.max():.6g}"
+
+
+def inspect_file(
+    path: str | Path,
+    *,
+    sample: int | None = None,
+    tokenizer_dir: str | None = None,
+    reward_key: str | None = None,
+    out: TextIO,
+) -> None:
+    """Print a recording's header, sample count, reward and response-length summaries; with `sample`,
+    that sample's texts and a per-token table (position, token id, decoded token, engine log-prob, mask).
+
+    Raises:
+        RecordingError: unreadable recording (see `load_rollout` / `load_miles_pt`).
+        ValueError: `sample` out of range.
+        OSError: the tokenizer directory cannot be loaded.
+    """
+    path = Path(path)
+    rec = _load_any(path, reward_key)
+    samples = rec.samples
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    kind = (
+        "Miles .pt dump, read directly"
+        if path.suffix == ".pt" and rec.created == 0.0
+        else f"format v{rec.format_version}"
+    )
+    created = (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.created)) if rec.created else "(not recorded)"
+    )
+    p(f"file: {path} ({path.stat().st_size} bytes, {kind})")
+    p(f"rollout id: {rec.rollout_id}   weight version: {rec.weight_version}   created: {created}")
+    seeds = rec.seeds.tolist()
+    if rec.extra.get("seeds_known") is False:
+        seed_line = "unknown (not recorded by the source)"
+    elif seeds:
+        seed_line = f"{len(set(seeds))} distinct over {len(seeds)} samples, first {seeds[0]}, min {min(seeds)}, max {max(seeds)}"
+    else:
+        seed_line = "none"
+    p(f"run seed: {rec.run_seed}   sample seeds: {seed_line}")
+    p("sampler: " + (", ".join(f"{k}={v}" for k, v in rec.sampler.items()) or "(not recorded)"))
+    for k in FINGERPRINT_FIELDS:
+        p(f"{k}: {getattr(rec, k) or '(not recorded)'}")
+    if rec.train_config:
+        p("train_config: " + ", ".join(f"{k}={v}" for k, v in rec.train_config.items()))
+    if rec.extra:
+        p("extra: " + ", ".join(f"{k}={v}" for k, v in rec.extra.items()))
+    groups: dict[int, list[float]] = defaultdict(list)
+    for s in samples:
+        groups[s.group_index].append(s.reward)
+    p(f"samples: {len(samples)} in {len(groups)} groups")
+    p(f"reward: {_stats([s.reward for s in samples])}")
+    for g, rs in sorted(groups.items()):
+        p(f"  group {g}: n={len(rs)}  {_stats(rs)}")
+    lengths = [s.response_length for s in samples]
+    trunc = sum(s.truncated for s in samples)
+    frac = trunc / len(samples) if samples else 0.0
+    p(
+        f"response length (tokens): {_stats([float(x) for x in lengths])}   truncated: {trunc}/{len(samples)} ({frac:.1%})"
+    )
+    if sample is not None:
+        if not 0 <= sample < len(samples):
+            raise ValueError(
+                f"--sample {sample} is out of range: the recording has {len(samples)} samples (0..{len(samples) - 1})"
+            )
+        _print_sample(samples[sample], tokenizer_dir, p)
+
+
+def _print_sample(s: Any, tokenizer_dir: str | None, p: Any) -> None:
+    tok = None
+    if tokenizer_dir is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    p("")
+    p(
+        f"sample {s.index}: group {s.group_index}  sample_index {s.sample_index}  prompt_index {s.prompt_index}  "
+        f"seed {s.seed}  finish {s.finish_reason}  reward {s.reward:.6g}  advantage {s.advantage:.6g}  "
+        f"weight_version {s.weight_version}  label {s.label!r}"
+    )
+    if s.metadata:
+        p(f"metadata: {s.metadata}")
+    p(f"prompt ({len(s.prompt_ids)} tokens):")
+    p(s.prompt_text or (tok.decode(s.prompt_ids) if tok else "(no text recorded)"))
+    p(f"response ({s.response_length} tokens):")
+    p(s.response_text or (tok.decode(s.response_ids) if tok else "(no text recorded)"))
+    p("")
+    head = (
+        f"{'pos':>5} {'token_id':>9} " + (f"{'token':<16} " if tok else "") + f"{'logprob':>10} {'mask':>5}"
+    )
+    if s.kept_token_ids is not None:
+        head += f" {'kept':>5}"
+    p(head)
+    for r, (tid, lp, m) in enumerate(zip(s.response_ids, s.rollout_log_probs.tolist(), s.loss_mask.tolist())):
+        line = f"{r:>5} {tid:>9} " + (f"{tok.decode([tid])!r:<16} " if tok else "") + f"{lp:>10.4f} {m:>5g}"
+        if s.kept_token_ids is not None:
+            line += f" {s.kept_token_ids[r].numel():>5}"
+        p(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point: `python -m grpolab.replay.cli replay {convert,inspect} ...` or without `replay`."""
+    parser = argparse.ArgumentParser(prog="grpolab")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_replay_parser(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] != "replay":
+        argv = ["replay", *argv]
+    return run_replay_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

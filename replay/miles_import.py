@@ -1,0 +1,292 @@
+"""Import Miles / slime rollout dumps (`--save-debug-rollout-data` `.pt` files) as grpolab recordings.
+
+A Miles dump is `torch.save({"rollout_id": int, "metadata": dict, "samples": [dict, ...]})` (slime's
+lacks `metadata`). It is loaded ONLY with `torch.load(weights_only=True)`: a file that needs
+arbitrary classes unpickled (dataclasses, numpy arrays, enums) is refused, never executed.
+
+What an import cannot know is filled with neutral values and noted in the header's `extra`:
+per-sample seeds and the run seed are 0 (`seeds_known: false`), advantages are 0 (recompute from
+rewards), `prompt_index` copies `group_index`, fingerprints are empty.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpolab.core.batch import Sample
+from grpolab.replay.format import RecordingError
+from grpolab.replay.recording import check_rollout_id, save_rollout
+
+REQUIRED = ("tokens", "response_length", "rollout_log_probs", "reward", "status", "group_index", "index")
+STATUS_TO_FINISH = {"completed": "stop", "truncated": "length", "aborted": "length", "failed": "length"}
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def _unsafe_classes(path: Path, err: Exception) -> list[str]:
+    """Classes the pickle needs, found by static disassembly (nothing is executed)."""
+    try:
+        found = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    except Exception:
+        found = []
+    return found or _GLOBAL.findall(str(err))
+
+
+def _weights_only_detail(err: Exception) -> str:
+    """The specific reason inside torch's long "Weights only load failed" message."""
+    m = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\n\s*\n|$)", str(err), re.S)
+    return (m.group(1) if m else str(err)).strip()
+
+
+def load_miles_pt(path: str | Path) -> dict[str, Any]:
+    """`torch.load(path, weights_only=True, map_location="cpu")` of a Miles dump, with clear errors.
+
+    Returns:
+        The dump dict (has a "samples" list).
+
+    Raises:
+        RecordingError: no such file; the file needs unpickling of classes beyond plain
+            containers and tensors (the classes are named; grpolab refuses to unpickle them);
+            not a torch.save file; or the top level is not a dict with a "samples" list.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecordingError(f"{path}: no such Miles recording")
+    try:
+        obj = torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        classes = _unsafe_classes(path, e)
+        detail = _weights_only_detail(e)
+        if not classes and not any(w in detail for w in ("GLOBAL", "global", "reduce", "build", "allowlist")):
+            raise RecordingError(
+                f"{path}: not a readable torch.save file (UnpicklingError: {detail})"
+            ) from None
+        named = ", ".join(classes) if classes else "classes beyond plain containers and tensors"
+        raise RecordingError(
+            f"{path}: this file can only be read by unpickling arbitrary classes ({named}), which can run "
+            "code, so grpolab refuses (it loads with torch.load(weights_only=True) only). Re-save it with plain "
+            "types: dicts, lists, str/int/float/bool/None and torch tensors (e.g. convert numpy arrays with "
+            ".tolist() or torch.from_numpy, enums to their string value, dataclasses to dicts)."
+        ) from None
+    except Exception as e:  # not a zip / legacy torch file, truncated, etc.
+        raise RecordingError(f"{path}: not a readable torch.save file ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("samples"), list):
+        got = type(obj).__name__ if not isinstance(obj, dict) else f"dict with keys {sorted(map(str, obj))}"
+        raise RecordingError(
+            f"{path}: expected a Miles dump dict {{rollout_id, metadata, samples: [...]}}, got {got}"
+        )
+    return obj
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.tolist()
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set)):
+        return [_jsonable(x) for x in v]
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    return repr(v)
+
+
+def _int_list(v: Any, where: str) -> list[int]:
+    if isinstance(v, torch.Tensor):
+        if v.dim() != 1 or v.is_floating_point() or v.is_complex():
+            raise RecordingError(
+                f"{where} must be a 1-d integer tensor, got {v.dtype} of shape {tuple(v.shape)}"
+            )
+        return v.tolist()
+    if not isinstance(v, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        raise RecordingError(f"{where} must be a list of ints or a 1-d integer tensor")
+    return list(v)
+
+
+def _float_tensor(v: Any, where: str) -> torch.Tensor:
+    try:
+        t = torch.as_tensor(v, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise RecordingError(f"{where} must be a list of numbers or a tensor ({e})") from None
+    if t.dim() != 1:
+        raise RecordingError(f"{where} must be 1-d, got shape {tuple(t.shape)}")
+    return t.clone()
+
+
+def _scalar_int(v: Any, where: str) -> int:
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_floating_point():
+        v = v.item()
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise RecordingError(f"{where} must be an int, got {v!r}")
+    return v
+
+
+def _reward(v: Any, where: str, reward_key: str | None) -> float:
+    if isinstance(v, dict):
+        if reward_key is None:
+            raise RecordingError(
+                f"{where} is a dict with keys {sorted(map(str, v))}; pass --reward-key to pick one"
+            )
+        if reward_key not in v:
+            raise RecordingError(f"{where} has no key {reward_key!r} (keys: {sorted(map(str, v))})")
+        v = v[reward_key]
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    if not isinstance(v, (int, float)):
+        raise RecordingError(f"{where} must be a number (or a dict with --reward-key), got {v!r}")
+    return float(v)
+
+
+def _finish(v: Any, where: str) -> str:
+    status = str(v).rsplit(".", 1)[-1].lower()  # "Status.COMPLETED" -> "completed"
+    if status not in STATUS_TO_FINISH:
+        raise RecordingError(
+            f"{where} {v!r} is not one of {sorted(STATUS_TO_FINISH)} (a pending sample was never generated)"
+        )
+    return STATUS_TO_FINISH[status]
+
+
+def _weight_version(v: Any) -> int:
+    for item in reversed(list(v or [])):
+        try:
+            return int(item)
+        except (TypeError, ValueError):
+            continue
+    return 0
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return ""
+    return v if isinstance(v, str) else json.dumps(_jsonable(v), ensure_ascii=False)
+
+
+def miles_samples(
+    dump: dict[str, Any], *, name: str = "<dump>", reward_key: str | None = None
+) -> list[Sample]:
+    """Convert the per-sample dicts of a Miles dump to grpolab `Sample`s.
+
+    prompt_ids = tokens[:len(tokens) - response_length], response_ids = the rest; loss_mask None
+    means all ones and `remove_sample: True` zeroes it (as Miles does); status completed -> "stop",
+    truncated/aborted/failed -> "length" (original status kept in metadata["miles_status"]);
+    `index` becomes the position in the list (the Miles index is kept in metadata["miles_index"]);
+    sample_index counts answers within each group in order of appearance.
+
+    Raises:
+        RecordingError: a sample that is not a dict, misses a required field, or whose lengths or
+            types are inconsistent; the message names the file, sample position and field.
+    """
+    samples: list[Sample] = []
+    seen: dict[int, int] = {}
+    for i, d in enumerate(dump["samples"]):
+        where = f"{name}: sample {i}"
+        if not isinstance(d, dict):
+            raise RecordingError(f"{where}: expected a dict, got {type(d).__name__}")
+        missing = [k for k in REQUIRED if k not in d or d[k] is None]
+        if missing:
+            raise RecordingError(
+                f"{where}: missing field {missing[0]!r}"
+                + (f" (also {missing[1:]})" if len(missing) > 1 else "")
+            )
+        tokens = _int_list(d["tokens"], f"{where}: tokens")
+        R = _scalar_int(d["response_length"], f"{where}: response_length")
+        if not 0 <= R < len(tokens):
+            raise RecordingError(
+                f"{where}: response_length {R} must be in [0, {len(tokens)}) for {len(tokens)} tokens (prompt must be non-empty)"
+            )
+        logp = _float_tensor(d["rollout_log_probs"], f"{where}: rollout_log_probs")
+        if logp.numel() != R:
+            raise RecordingError(
+                f"{where}: rollout_log_probs has {logp.numel()} values but response_length is {R}"
+            )
+        mask = (
+            torch.ones(R)
+            if d.get("loss_mask") is None
+            else _float_tensor(d["loss_mask"], f"{where}: loss_mask")
+        )
+        if mask.numel() != R:
+            raise RecordingError(f"{where}: loss_mask has {mask.numel()} values but response_length is {R}")
+        if d.get("remove_sample"):
+            mask.zero_()
+        group = _scalar_int(d["group_index"], f"{where}: group_index")
+        miles_index = _scalar_int(d["index"], f"{where}: index")
+        meta = _jsonable(d.get("metadata") or {})
+        meta = meta if isinstance(meta, dict) else {"miles_metadata": meta}
+        meta.update(miles_status=str(d["status"]), miles_index=miles_index)
+        if isinstance(d["reward"], dict):
+            meta["miles_reward"] = _jsonable(d["reward"])
+        if d.get("prompt") is not None and not isinstance(d["prompt"], str):
+            meta["messages"] = _jsonable(d["prompt"])
+        P = len(tokens) - R
+        samples.append(
+            Sample(
+                index=i,
+                prompt_index=group,
+                group_index=group,
+                sample_index=seen.get(group, 0),
+                seed=0,
+                prompt_ids=tokens[:P],
+                response_ids=tokens[P:],
+                rollout_log_probs=logp,
+                loss_mask=mask,
+                finish_reason=_finish(d["status"], f"{where}: status"),
+                prompt_text=_text(d.get("prompt")),
+                response_text=_text(d.get("response")),
+                label=_text(d.get("label")),
+                reward=_reward(d["reward"], f"{where}: reward", reward_key),
+                weight_version=_weight_version(d.get("weight_versions")),
+                metadata=meta,
+            )
+        )
+        seen[group] = seen.get(group, 0) + 1
+    return samples
+
+
+def convert_miles(
+    in_path: str | Path, out_path: str | Path, *, reward_key: str | None = None, level: int = 3
+) -> int:
+    """Convert a Miles/slime `.pt` rollout dump to a `.grz` recording.
+
+    Args:
+        in_path: the `.pt` file (read with `torch.load(weights_only=True)` only).
+        out_path: destination `.grz` (written atomically).
+        reward_key: key to pick when rewards are dicts (Miles `--reward-key`).
+
+    Returns:
+        Bytes written.
+
+    Raises:
+        RecordingError: see `load_miles_pt` and `miles_samples`.
+    """
+    dump = load_miles_pt(in_path)
+    samples = miles_samples(dump, name=str(in_path), reward_key=reward_key)
+    rollout_id = dump.get("rollout_id", 0)
+    try:
+        check_rollout_id(rollout_id)
+    except ValueError as e:
+        raise RecordingError(f"{in_path}: {e}") from None
+    extra = {
+        "source": "miles",
+        "source_path": str(in_path),
+        "seeds_known": False,
+        "advantages": "not recorded by Miles; stored as 0, recompute from rewards",
+        "prompt_index": "unknown; copied from group_index",
+        "miles_metadata": _jsonable(dump.get("metadata") or {}),
+        "reward_key": reward_key,
+    }
+    return save_rollout(
+        out_path,
+        samples,
+        rollout_id=rollout_id,
+        weight_version=max((s.weight_version for s in samples), default=0),
+        run_seed=0,
+        sampler={},
+        fingerprints={},
+        train_config={},
+        extra=extra,
+        level=level,
+    )
