@@ -13,10 +13,12 @@ from typing import Any
 from grpolab.core.config import (
     AlgorithmConfig,
     CheckpointConfig,
+    CIConfig,
     ColocateConfig,
     Config,
     DataConfig,
     DebugConfig,
+    EvalConfig,
     ModelConfig,
     OptimizerConfig,
     RewardConfig,
@@ -187,6 +189,61 @@ TRAIN_FLAGS: list[tuple[str, str, str, Any, str]] = [
         str,
         "also write events.jsonl into this directory",
     ),
+    ("--eval-interval", "eval", "eval_interval", int, "evaluate every N rollouts (and after the last)"),
+    ("--n-samples-per-eval-prompt", "eval", "n_samples_per_eval_prompt", int, "answers per eval prompt"),
+    ("--eval-max-prompts", "eval", "eval_max_prompts", int, "use at most this many prompts per eval set"),
+    ("--ci-test", "ci", "ci_test", BOOL, "in-run invariant checkers (KL, log-probs, weight update)"),
+    ("--ci-disable-kl-checker", "ci", "ci_disable_kl_checker", BOOL, "escape hatch for the KL checker"),
+    (
+        "--ci-disable-logprobs-checker",
+        "ci",
+        "ci_disable_logprobs_checker",
+        BOOL,
+        "escape hatch for the log-prob checker",
+    ),
+    (
+        "--ci-logprobs-checker-abs-tol",
+        "ci",
+        "ci_logprobs_checker_abs_tol",
+        float,
+        "trainer-vs-engine mean gap tolerance",
+    ),
+    ("--ci-disable-weight-update-checker", "ci", "ci_disable_weight_update_checker", BOOL, "escape hatch"),
+    (
+        "--check-weight-update-equal",
+        "ci",
+        "check_weight_update_equal",
+        BOOL,
+        "weight-update checker without --ci-test",
+    ),
+    (
+        "--ci-metric-checker-key",
+        "ci",
+        "ci_metric_checker_key",
+        str,
+        "eval metric to gate on, e.g. eval/arith",
+    ),
+    ("--ci-metric-checker-threshold", "ci", "ci_metric_checker_threshold", float, "the key must reach this"),
+    (
+        "--ci-metric-checker-expect-num",
+        "ci",
+        "ci_metric_checker_expect_num",
+        int,
+        "exactly this many passing evals",
+    ),
+    ("--ci-save-grad-norm", "ci", "ci_save_grad_norm", str, "template with {role} {rollout_id} {step_id}"),
+    ("--ci-load-grad-norm", "ci", "ci_load_grad_norm", str, "compare grad norms with these files"),
+    ("--ci-grad-norm-rtol", "ci", "ci_grad_norm_rtol", float, "rel and abs tolerance (0 = bitwise)"),
+    ("--ci-save-model-hash", "ci", "ci_save_model_hash", BOOL, "per-layer hashes with every checkpoint"),
+    ("--ci-check-model-hash", "ci", "ci_check_model_hash", BOOL, "verify per-layer hashes after --load"),
+    (
+        "--ci-max-abs-advantage",
+        "ci",
+        "ci_max_abs_advantage",
+        float,
+        "numeric guard: largest allowed |advantage|",
+    ),
+    ("--ci-ft-test-actions", "ci", "ci_ft_test_actions", str, "JSON list of fault-injection actions"),
     ("--run-dir", "run", "run_dir", str, "run directory (default runs/<time>-s<seed>)"),
     ("--seed", "run", "seed", int, "run seed"),
     ("--num-threads", "run", "num_threads", int, "torch CPU threads (pin for bitwise-reproducible CPU runs)"),
@@ -203,6 +260,8 @@ SECTIONS: dict[str, Callable[..., Any]] = {
     "colocate": ColocateConfig,
     "checkpoint": CheckpointConfig,
     "debug": DebugConfig,
+    "eval": EvalConfig,
+    "ci": CIConfig,
     "run": RunConfig,
 }
 
@@ -214,6 +273,13 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=None, help=help_text)
+    parser.add_argument(
+        "--eval-prompt-data",
+        nargs="+",
+        default=None,
+        metavar="NAME PATH",
+        help="held-out prompt sets as NAME PATH pairs; metric eval/<NAME> is the mean reward",
+    )
     parser.add_argument(
         "--apply-chat-template",
         action=argparse.BooleanOptionalAction,
@@ -229,6 +295,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             sections[section][field] = value
+    if args.eval_prompt_data is not None:
+        sections["eval"]["eval_prompt_data"] = list(args.eval_prompt_data)
     chat = args.apply_chat_template
     sections["data"]["apply_chat_template"] = (args.prompt_data is None) if chat is None else chat
     return Config(**{name: cls(**sections[name]) for name, cls in SECTIONS.items()})
@@ -244,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.replay.cli import add_replay_parser
 
     add_replay_parser(sub)
+    from grpolab.ui.launch import add_ui_parser
+
+    add_ui_parser(sub)
+    from grpolab.checkers.model_hash import add_hash_parser
+
+    add_hash_parser(sub)
     return parser
 
 
@@ -252,10 +326,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "hash":
+        from grpolab.checkers.model_hash import run_hash_command
+
+        return run_hash_command(args)
     if args.command == "replay":
         from grpolab.replay.cli import run_replay_command
 
         return run_replay_command(args)
+    if args.command == "ui":
+        from grpolab.ui.launch import run_ui_command
+
+        return run_ui_command(args)
     if args.command == "train":
         from grpolab.core.loop import train
 
@@ -263,8 +345,13 @@ def main(argv: list[str] | None = None) -> int:
             config = config_from_args(args)
         except ValueError as e:
             parser.error(str(e))
+        from grpolab.checkers.errors import CheckFailure
+
         try:
             train(config, ["grpolab", *argv])
+        except CheckFailure as e:
+            print(f"grpolab train: {e}", file=sys.stderr)
+            return 1
         except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
             print(f"grpolab train: error: {e}", file=sys.stderr)
             return 2

@@ -325,6 +325,96 @@ class DebugConfig:
 
 
 @dataclass(kw_only=True)
+class EvalConfig:
+    """Held-out evaluation (`--eval-interval`, `--eval-prompt-data NAME PATH [NAME PATH ...]`)."""
+
+    eval_interval: int | None = None
+    """Evaluate before rollouts whose id is a multiple of this, and after the last rollout."""
+    eval_prompt_data: list[str] = field(default_factory=list)
+    """Alternating dataset names and paths; metric `eval/<name>` is the mean reward."""
+    n_samples_per_eval_prompt: int = 1
+    eval_max_prompts: int | None = None
+    """Use at most this many prompts of each eval set (file order)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.eval_interval is None or self.eval_interval >= 1,
+            f"--eval-interval must be >= 1, got {self.eval_interval}",
+        )
+        _require(
+            len(self.eval_prompt_data) % 2 == 0,
+            f"--eval-prompt-data takes NAME PATH pairs, got {len(self.eval_prompt_data)} values: {self.eval_prompt_data}",
+        )
+        _require(
+            self.eval_interval is None or bool(self.eval_prompt_data),
+            "--eval-interval needs --eval-prompt-data NAME PATH",
+        )
+        _require(self.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt must be >= 1")
+        _require(
+            self.eval_max_prompts is None or self.eval_max_prompts >= 1, "--eval-max-prompts must be >= 1"
+        )
+
+    @property
+    def datasets(self) -> list[tuple[str, str]]:
+        """(name, path) pairs."""
+        it = iter(self.eval_prompt_data)
+        return list(zip(it, it))
+
+
+@dataclass(kw_only=True)
+class CIConfig:
+    """In-run checkers (`--ci-test`) and their escape hatches (Miles debugging page, manual 5.2/8.3)."""
+
+    ci_test: bool = False
+    ci_disable_kl_checker: bool = False
+    ci_disable_logprobs_checker: bool = False
+    ci_logprobs_checker_abs_tol: float = 0.03
+    ci_disable_weight_update_checker: bool = False
+    check_weight_update_equal: bool = False
+    """Run the weight-update checker even without `--ci-test`."""
+    ci_metric_checker_key: str | None = None
+    ci_metric_checker_threshold: float | None = None
+    ci_metric_checker_expect_num: int | None = None
+    ci_save_grad_norm: str | None = None
+    """Template with {role}, {rollout_id}, {step_id}: write each step's grad norm there."""
+    ci_load_grad_norm: str | None = None
+    """Template: compare each step's grad norm with the saved one (rel_tol = abs_tol = `--ci-grad-norm-rtol`)."""
+    ci_grad_norm_rtol: float = 0.03
+    ci_save_model_hash: bool = False
+    """Write per-layer SHA-256 hashes next to every checkpoint."""
+    ci_check_model_hash: bool = False
+    """After `--load`, recompute the per-layer hashes and compare with the saved ones."""
+    ci_max_abs_advantage: float = 10.0
+    ci_ft_test_actions: str | None = None
+    """JSON list of fault actions, e.g. '[{"at_rollout": 2, "action": "raise_in_train", "rank": 0}]'."""
+
+    def __post_init__(self) -> None:
+        _require(self.ci_logprobs_checker_abs_tol >= 0, "--ci-logprobs-checker-abs-tol must be >= 0")
+        _require(self.ci_grad_norm_rtol >= 0, "--ci-grad-norm-rtol must be >= 0")
+        _require(self.ci_max_abs_advantage > 0, "--ci-max-abs-advantage must be > 0")
+        _require(
+            (self.ci_metric_checker_key is None) == (self.ci_metric_checker_threshold is None),
+            "--ci-metric-checker-key and --ci-metric-checker-threshold go together",
+        )
+        _require(
+            self.ci_metric_checker_expect_num is None or self.ci_metric_checker_key is not None,
+            "--ci-metric-checker-expect-num needs --ci-metric-checker-key",
+        )
+        from grpolab.checkers.grad_norm import validate_grad_norm_template
+
+        for flag, template in (
+            ("--ci-save-grad-norm", self.ci_save_grad_norm),
+            ("--ci-load-grad-norm", self.ci_load_grad_norm),
+        ):
+            if template is not None:
+                validate_grad_norm_template(template, flag=flag)
+        if self.ci_ft_test_actions is not None:
+            from grpolab.checkers.faults import parse_fault_actions
+
+            parse_fault_actions(self.ci_ft_test_actions)  # ValueError names the flag and the field
+
+
+@dataclass(kw_only=True)
 class RunConfig:
     """Where the run directory goes and the run seed."""
 
@@ -349,6 +439,8 @@ class Config:
     colocate: ColocateConfig = field(default_factory=ColocateConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    ci: CIConfig = field(default_factory=CIConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
@@ -356,6 +448,10 @@ class Config:
         if self.optimizer.global_batch_size is None:
             self.optimizer.global_batch_size = samples
         gbs = self.optimizer.global_batch_size
+        _require(
+            self.ci.ci_metric_checker_key is None or bool(self.eval.eval_prompt_data),
+            "--ci-metric-checker-key needs an eval: set --eval-interval and --eval-prompt-data NAME PATH",
+        )
         _require(
             samples % gbs == 0,
             f"--global-batch-size {gbs} must divide the rollout's samples: --rollout-batch-size "

@@ -1,15 +1,15 @@
 """One colocated GRPO run: rollout → reward → advantages → log-probs → train → sync → log → save.
 
-Debug modes cut the loop in half (Miles debugging page): `--debug-rollout-only` builds no
-trainer, `--debug-train-only` / `--load-debug-rollout-data` build no engine and train on
-recordings, `--ci-inject-rollout-data-path` generates, compares with a recording and trains on the
-recording.
-
 What it computes (nanochat style): GRPO with group-normalized rewards (no epsilon, see
 algorithms.grpo_advantages), the PPO clipped surrogate against the trainer's own pre-update
 log-probs, sample-mean loss by default (token mean with `--calculate-per-token-loss`), KL to the
 frozen initial weights only with `--use-kl-loss`. Engine and trainer take turns on one device;
 the engine holds its own copy of the weights and receives the trainer's after every rollout.
+
+Debug modes cut the loop in half (Miles debugging page): `--debug-rollout-only` builds no
+trainer, `--load-debug-rollout-data` builds no engine and trains on recordings,
+`--ci-inject-rollout-data-path` generates, compares with a recording and trains on the recording
+(rollout.py). `--ci-test` checkers run at their points (checkers/harness.py).
 """
 
 from __future__ import annotations
@@ -22,26 +22,24 @@ from pathlib import Path
 
 import torch
 
-from grpolab.core import algorithms, checkpoint, rewards
+from grpolab.checkers.faults import FaultInjector, parse_fault_actions
+from grpolab.checkers.harness import CheckHarness
+from grpolab.core import checkpoint
 from grpolab.core.actor import Actor
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
-from grpolab.core.data import PromptDataset, rollout_prompt_indices
-from grpolab.core.engine.base import GenerationRequest, RolloutEngine, SamplingParams
+from grpolab.core.data import PromptDataset
+from grpolab.core.engine.base import SamplingParams
 from grpolab.core.engine.torch_engine import TorchEngine
+from grpolab.core.evaluation import evaluate
 from grpolab.core.metrics import PhaseTimer, format_line, rollout_metrics, summary_row
-from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype
+from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
+from grpolab.core.rollout import RolloutProducer
 from grpolab.core.rundir import RunDirectory, setup_console_logging
-from grpolab.core.seeding import derive_sample_seed, seed_everything
+from grpolab.core.seeding import seed_everything
 from grpolab.core.weight_sync import sync_weights
 from grpolab.replay.recording import chat_template_hash, tokenizer_fingerprint
-from grpolab.replay.replayer import (
-    InjectMismatchError,
-    RolloutRecorder,
-    RolloutReplayer,
-    RunIdentity,
-    compare_rollouts,
-)
+from grpolab.replay.replayer import RolloutRecorder, RunIdentity
 
 log = logging.getLogger("grpolab")
 
@@ -52,37 +50,44 @@ class RunState:
 
     next_rollout_id: int = 0
     weight_version: int = 0
+    resumed: bool = False
 
 
 class GRPORun:
     """Everything one run holds; `run()` executes it. Build with `GRPORun.create(config, argv)`."""
 
     def __init__(self, config: Config, run_dir: RunDirectory) -> None:
-        self.cfg = config
-        self.run_dir = run_dir
-        self.timer = PhaseTimer()
-        self.state = RunState()
-        cfg = config
+        cfg, debug = config, config.debug
+        self.cfg, self.run_dir = cfg, run_dir
+        self.timer, self.state = PhaseTimer(), RunState()
+        self.harness = CheckHarness(cfg, run_dir)
         self.fingerprint = model_fingerprint(cfg.model.hf_checkpoint)
         self.tokenizer = load_tokenizer(cfg.model.hf_checkpoint)
-        self.dataset = PromptDataset(
-            cfg.data.prompt_data,
-            self.tokenizer,
-            input_key=cfg.data.input_key,
-            label_key=cfg.data.label_key,
-            apply_chat_template=cfg.data.apply_chat_template,
+        data = cfg.data
+        dataset_kw = {
+            "input_key": data.input_key,
+            "label_key": data.label_key,
+            "apply_chat_template": data.apply_chat_template,
+        }
+        dataset = PromptDataset(data.prompt_data, self.tokenizer, **dataset_kw)
+        self.eval_sets = {
+            name: PromptDataset(path, self.tokenizer, **dataset_kw) for name, path in cfg.eval.datasets
+        }
+        self.faults = FaultInjector(
+            parse_fault_actions(cfg.ci.ci_ft_test_actions or "[]"),
+            rank=0,
+            world_size=1,
+            on_stop_engine=None if debug.debug_train_only else self._stop_engine,
+            on_fire=lambda action, rollout_id: run_dir.event(
+                "fault", action=action.action, rollout_id=rollout_id, rank=action.rank
+            ),
         )
-        self.custom_reward = (
-            rewards.load_custom_reward(cfg.reward.custom_rm_path) if cfg.reward.custom_rm_path else None
-        )
-        if self.custom_reward is None:
-            rewards.get_reward_fn(cfg.reward.rm_type)  # unknown --rm-type fails here, before any work
-        debug = cfg.debug
-        self.engine: RolloutEngine | None = None
+        self.engine: TorchEngine | None = None
         if not debug.debug_train_only:
+            rollout_dtype = parse_dtype(cfg.model.rollout_dtype, "--rollout-dtype")
             self.engine = TorchEngine(
                 cfg.model.hf_checkpoint,
-                dtype=parse_dtype(cfg.model.rollout_dtype, "--rollout-dtype"),
+                dtype=rollout_dtype,
                 device=cfg.model.device,
                 show_progress=cfg.run.show_progress,
             )
@@ -102,9 +107,9 @@ class GRPORun:
             top_p=cfg.rollout.rollout_top_p,
             top_k=cfg.rollout.rollout_top_k,
             max_new_tokens=cfg.rollout.rollout_max_response_len,
-            stop_token_ids=self._stop_token_ids(),
+            stop_token_ids=stop_token_ids(cfg.model.hf_checkpoint, self.tokenizer),
         )
-        self.identity = RunIdentity(
+        identity = RunIdentity(
             fingerprints={
                 "model_fingerprint": self.fingerprint,
                 "tokenizer_fingerprint": tokenizer_fingerprint(self.tokenizer),
@@ -117,54 +122,26 @@ class GRPORun:
                 "apply_chat_template": cfg.data.apply_chat_template,
             },
         )
-        sampler = {
-            "temperature": self.sampling.temperature,
-            "top_p": self.sampling.top_p,
-            "top_k": self.sampling.top_k,
-        }
-        sampler["max_new_tokens"] = self.sampling.max_new_tokens
+        self.producer = RolloutProducer(
+            cfg,
+            engine=self.engine,
+            dataset=dataset,
+            sampling=self.sampling,
+            identity=identity,
+            run_dir=run_dir,
+            timer=self.timer,
+        )
         self.recorder = None
         if debug.save_debug_rollout_data:
+            sampler = {
+                "temperature": self.sampling.temperature,
+                "top_p": self.sampling.top_p,
+                "top_k": self.sampling.top_k,
+            }
+            sampler["max_new_tokens"] = self.sampling.max_new_tokens
             self.recorder = RolloutRecorder(
-                debug.save_debug_rollout_data, self.identity, run_seed=cfg.run.seed, sampler=sampler
+                debug.save_debug_rollout_data, identity, run_seed=cfg.run.seed, sampler=sampler
             )
-        self.replayer = None
-        if debug.load_debug_rollout_data:
-            self.replayer = RolloutReplayer(
-                debug.load_debug_rollout_data,
-                self.identity,
-                allow_mismatch=debug.allow_recording_mismatch,
-                subsample=debug.load_debug_rollout_data_subsample,
-                flag="--load-debug-rollout-data",
-            )
-        self.injector = None
-        if debug.ci_inject_rollout_data_path:
-            self.injector = RolloutReplayer(
-                debug.ci_inject_rollout_data_path,
-                self.identity,
-                allow_mismatch=debug.allow_recording_mismatch,
-                flag="--ci-inject-rollout-data-path",
-            )
-
-    def _stop_token_ids(self) -> tuple[int, ...]:
-        """eos of the tokenizer and of the model's generation config (either may be a list)."""
-        candidates = [self.tokenizer.eos_token_id]
-        from transformers import GenerationConfig
-
-        try:
-            candidates.append(
-                GenerationConfig.from_pretrained(self._checkpoint_dir(), local_files_only=True).eos_token_id
-            )
-        except (OSError, ValueError):
-            pass
-        flat: set[int] = set()
-        for c in candidates:
-            flat.update(c if isinstance(c, list) else [c] if c is not None else [])
-        return tuple(sorted(flat))
-
-    def _checkpoint_dir(self) -> str:
-        path = Path(self.cfg.model.hf_checkpoint)
-        return str(path.parent if path.is_file() else path)
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -205,8 +182,9 @@ class GRPORun:
             self.run_dir.event("resume", found=False, load=str(load))
             return
         restored = checkpoint.load_checkpoint(latest, self.actor, model_fingerprint=self.fingerprint)
+        self.harness.after_load(latest, lambda: list(self.actor.named_weights()))
         self.state = RunState(
-            next_rollout_id=restored.next_rollout_id, weight_version=restored.weight_version - 1
+            next_rollout_id=restored.next_rollout_id, weight_version=restored.weight_version - 1, resumed=True
         )
         log.info(
             f"--load {load}: resumed from {latest.name}, continuing at rollout {restored.next_rollout_id}"
@@ -219,9 +197,11 @@ class GRPORun:
         cfg = self.cfg
         try:
             log.info(f"grpolab train: run directory {self.run_dir.path}")
-            self._sync_weights()  # the engine starts from the trainer's weights (Miles: version 1 at startup)
+            self.harness.first_sync(self.engine, self._sync_weights, resumed=self.state.resumed)
             self.run_dir.event("startup_sync", **self.timer.pop())
             for rollout_id in range(self.state.next_rollout_id, cfg.rollout.num_rollout):
+                if self._eval_due(rollout_id):
+                    self.evaluate(rollout_id)
                 self.step(rollout_id)
                 if (
                     cfg.debug.debug_exit_after_rollout is not None
@@ -231,6 +211,13 @@ class GRPORun:
                         f"--debug-exit-after-rollout {cfg.debug.debug_exit_after_rollout}: stopping after rollout {rollout_id}"
                     )
                     break
+            if cfg.eval.eval_interval is not None and self.engine is not None:
+                self.evaluate(self.state.next_rollout_id)
+            self.harness.finish()
+            for action in self.faults.pending():
+                log.info(
+                    f"warning: --ci-ft-test-actions: {action.action} at rollout {action.at_rollout} never fired"
+                )
         except KeyboardInterrupt:
             self.run_dir.finish("interrupted", rollout_id=self.state.next_rollout_id)
             raise
@@ -245,10 +232,10 @@ class GRPORun:
     def step(self, rollout_id: int) -> None:
         """One GRPO iteration (the table of contents of a step)."""
         cfg, timer = self.cfg, self.timer
-        colocated = cfg.colocate.colocate
         start = time.perf_counter()
         self.run_dir.heartbeat("rollout", rollout_id)
-        samples = self.rollout(rollout_id)
+        samples = self.producer.produce(rollout_id)
+        self.harness.after_advantages(rollout_id, samples)
         if self.recorder is not None:
             with timer("save_rollout_data"):
                 path, size = self.recorder.save(
@@ -264,71 +251,25 @@ class GRPORun:
         else:
             rollout_line, steps = self.train(rollout_id, samples)
         self.state.next_rollout_id = rollout_id + 1
-        if self.actor is not None and self._save_due(rollout_id):
-            with timer("save_model"):
-                path = checkpoint.save_checkpoint(cfg.checkpoint.save, self.actor, self._trainer_state())
-            self.run_dir.event("checkpoint", rollout_id=rollout_id, path=str(path))
-        if self.actor is not None and colocated and cfg.colocate.offload_train:
+        self._maybe_save(rollout_id)
+        if self.actor is not None and cfg.colocate.colocate and cfg.colocate.offload_train:
             with timer("sleep"):
                 self.actor.offload()
-        if self.engine is not None and colocated and cfg.colocate.offload_rollout:
+        if self.engine is not None and cfg.colocate.colocate and cfg.colocate.offload_rollout:
             with timer("engine_resume"):
                 self.engine.resume_memory()
         self.run_dir.heartbeat("update_weights", rollout_id)
         self._sync_weights()
         perf = timer.pop()
         perf["perf/train_time"] = sum(
-            perf.get(k, 0.0)
-            for k in ("perf/log_probs_time", "perf/ref_log_probs_time", "perf/actor_train_time")
+            perf.get(f"perf/{k}_time", 0.0) for k in ("log_probs", "ref_log_probs", "actor_train")
         )
         perf["perf/step_time"] = time.perf_counter() - start
-        stats = getattr(self.engine, "last_stats", {}) if self.engine is not None else {}
-        if stats:
-            perf["perf/rollout_tokens_per_sec"] = float(stats.get("tokens_per_s", 0.0))
+        if self.engine is not None and "perf/rollout_time" in perf:
+            perf["perf/rollout_tokens_per_sec"] = float(self.engine.last_stats.get("tokens_per_s", 0.0))
         self._emit("perf", rollout_id, perf)
         log.info(summary_row(rollout_id, cfg.rollout.num_rollout, rollout_line, steps, perf))
-
-    def rollout(self, rollout_id: int) -> list[Sample]:
-        """This rollout's scored samples: generated, replayed from a recording, or injected."""
-        cfg, timer = self.cfg, self.timer
-        if self.replayer is not None:
-            with timer("load_rollout_data"):
-                samples, version = self.replayer.load(rollout_id)
-            self._warn_mismatch(self.replayer)
-            self.run_dir.event(
-                "rollout_replayed", rollout_id=rollout_id, weight_version=version, samples=len(samples)
-            )
-            with timer("reward"):
-                self.assign_advantages(samples)
-            return samples
-        with timer("rollout"):
-            samples = self.generate(rollout_id)
-        if cfg.colocate.colocate and cfg.colocate.offload_rollout:
-            with timer("engine_release"):
-                self.engine.release_memory()
-        with timer("reward"):
-            self.score(samples)
-        if self.injector is None or rollout_id < cfg.debug.ci_inject_rollout_data_start_rollout_id:
-            return samples
-        recorded, _ = self.injector.load(rollout_id)
-        self._warn_mismatch(self.injector)
-        report = compare_rollouts(samples, recorded, rollout_id=rollout_id)
-        threshold = cfg.debug.ci_inject_rollout_data_min_match_ratio
-        self.run_dir.event(
-            "inject_check",
-            rollout_id=rollout_id,
-            mean_ratio=report.mean_ratio,
-            min_ratio=report.min_ratio,
-            threshold=threshold,
-            worst=[m.__dict__ for m in report.worst],
-        )
-        log.info(f"inject {report.describe(threshold)}")
-        if not report.mean_ratio > threshold:
-            raise InjectMismatchError(
-                f"--ci-inject-rollout-data-min-match-ratio: {report.describe(threshold)}; the engine holds other weights than the recording run's"
-            )
-        self.assign_advantages(recorded)
-        return recorded
+        self.faults.maybe_fire("end_of_rollout", rollout_id)
 
     def train(
         self, rollout_id: int, samples: list[Sample]
@@ -344,14 +285,19 @@ class GRPORun:
             old = actor.compute_log_probs(samples, with_entropy=True)
         with timer("ref_log_probs"):
             ref = actor.compute_log_probs(samples, reference=True)
-        rollout_line = rollout_metrics(
+        line = rollout_metrics(
             samples,
             log_probs=old.log_probs,
             ref_log_probs=ref.log_probs,
             entropy=old.entropy,
             rollout_id=rollout_id,
         )
-        self._emit("rollout", rollout_id, rollout_line)
+        self._emit("rollout", rollout_id, line)
+        self.harness.after_rollout_line(rollout_id, line, samples, old.log_probs, ref.log_probs)
+        self.faults.maybe_fire("train", rollout_id)
+        self.faults.maybe_fire(
+            "before_allreduce", rollout_id
+        )  # one rank: the gradient "reduction" is the optimizer step
         with timer("actor_train"):
             steps = actor.train(
                 samples,
@@ -360,98 +306,34 @@ class GRPORun:
                 step_offset=rollout_id * cfg.steps_per_rollout,
                 apply_update=not cfg.debug.debug_disable_optimizer,
             )
-        for step_metrics in steps:
+        for step_in_rollout, step_metrics in enumerate(steps):
             self._emit("step", int(step_metrics["train/step"]), step_metrics, rollout_id=rollout_id)
-        return rollout_line, steps
+            self.harness.after_step(rollout_id, step_in_rollout, step_metrics)
+        return line, steps
 
-    def _warn_mismatch(self, replayer: RolloutReplayer) -> None:
-        for message in replayer.warnings:
-            log.info(f"warning: {message} (--allow-recording-mismatch)")
-            self.run_dir.event("recording_mismatch_allowed", detail=message)
-        replayer.warnings.clear()
-
-    # ------------------------------------------------------------------ phases
-    def generate(self, rollout_id: int) -> list[Sample]:
-        """Generate `--n-samples-per-prompt` answers for each prompt of this rollout."""
+    def evaluate(self, rollout_id: int) -> None:
+        """`eval N:` line on the held-out sets with the engine's current weights."""
+        if self.engine is None:
+            return  # train-only: no engine to evaluate with (Miles skips eval the same way)
         cfg = self.cfg
-        indices = rollout_prompt_indices(
-            num_rows=len(self.dataset),
-            rollout_id=rollout_id,
-            rollout_batch_size=cfg.rollout.rollout_batch_size,
-            seed=cfg.run.seed,
-            shuffle=cfg.data.rollout_shuffle,
-        )
-        prompts = [self.dataset[i] for i in indices]
-        n = cfg.rollout.n_samples_per_prompt
-        requests, meta = [], []
-        for g, prompt in enumerate(prompts):
-            for k in range(n):
-                seed = derive_sample_seed(cfg.run.seed, rollout_id, prompt.index, k)
-                requests.append(GenerationRequest(prompt_ids=prompt.prompt_ids, seed=seed))
-                meta.append((g, k, prompt, seed))
-        assert self.engine is not None
-        results = self.engine.generate(requests, self.sampling)
-        samples = []
-        for i, ((g, k, prompt, seed), res) in enumerate(zip(meta, results)):
-            samples.append(
-                Sample(
-                    index=i,
-                    prompt_index=prompt.index,
-                    group_index=g,
-                    sample_index=k,
-                    seed=seed,
-                    prompt_ids=list(prompt.prompt_ids),
-                    response_ids=list(res.response_ids),
-                    rollout_log_probs=res.log_probs.float().cpu(),
-                    loss_mask=torch.ones(len(res.response_ids), dtype=torch.float32),
-                    finish_reason=res.finish_reason,
-                    prompt_text=prompt.text,
-                    response_text=self.tokenizer.decode(res.response_ids, skip_special_tokens=True),
-                    label=prompt.label,
-                    kept_token_ids=res.kept_token_ids,
-                    weight_version=res.weight_version,
-                )
+        self.run_dir.heartbeat("eval", rollout_id)
+        with self.timer("eval"):
+            metrics = evaluate(
+                self.engine,
+                self.eval_sets,
+                self.sampling,
+                rollout_id=rollout_id,
+                run_seed=cfg.run.seed,
+                n_samples=cfg.eval.n_samples_per_eval_prompt,
+                max_prompts=cfg.eval.eval_max_prompts,
+                rm_type=cfg.reward.rm_type,
+                custom_fn=self.producer.custom_reward,
+                reward_key=cfg.reward.reward_key,
             )
-        return samples
+        self._emit("eval", rollout_id, metrics)
+        self.harness.after_eval(rollout_id, metrics)
 
-    def score(self, samples: list[Sample]) -> None:
-        """Fill `reward` (rm or custom function) and `advantage` (GRPO, per group) in place."""
-        cfg = self.cfg
-        records = [
-            {
-                "prompt": s.prompt_text,
-                "response": s.response_text,
-                "label": s.label,
-                "index": s.index,
-                "group_index": s.group_index,
-                "metadata": s.metadata,
-            }
-            for s in samples
-        ]
-        values = rewards.score_samples_sync(
-            records,
-            rm_type=cfg.reward.rm_type,
-            custom_fn=self.custom_reward,
-            group_rm=cfg.reward.group_rm,
-            group_size=cfg.rollout.n_samples_per_prompt,
-            reward_key=cfg.reward.reward_key,
-        )
-        for s, r in zip(samples, values):
-            s.reward = float(r)
-        self.assign_advantages(samples)
-
-    def assign_advantages(self, samples: list[Sample]) -> None:
-        """GRPO advantages from the samples' rewards and group ids (recomputed on replay too, as Miles)."""
-        cfg = self.cfg
-        rewards_B = torch.tensor([s.reward for s in samples], dtype=torch.float64)
-        group_ids_B = torch.tensor([s.group_index for s in samples])
-        estimator = algorithms.get_advantage_estimator(cfg.algorithm.advantage_estimator)
-        advantages_B = estimator(
-            rewards_B, group_ids_B, std_normalize=not cfg.algorithm.disable_grpo_std_normalization
-        )
-        for s, a in zip(samples, advantages_B.tolist()):
-            s.advantage = float(a)
-
+    # ------------------------------------------------------------------ helpers
     def _sync_weights(self) -> None:
         if self.engine is None or self.actor is None:
             return  # rollout-only or train-only: one side is missing, nothing to sync
@@ -460,32 +342,43 @@ class GRPORun:
             return
         with self.timer("update_weights"):
             version = self.state.weight_version + 1
+            buffer = self.cfg.colocate.update_weight_buffer_size
             stats = sync_weights(
-                self.actor.named_weights(),
-                self.engine,
-                weight_version=version,
-                buffer_bytes=self.cfg.colocate.update_weight_buffer_size,
+                self.actor.named_weights(), self.engine, weight_version=version, buffer_bytes=buffer
             )
             self.state.weight_version = version
         self.run_dir.event("weight_update", weight_version=version, buckets=stats.buckets, bytes=stats.bytes)
 
-    def _save_due(self, rollout_id: int) -> bool:
-        ckpt = self.cfg.checkpoint
-        if ckpt.save is None:
-            return False
-        if self.cfg.debug.debug_exit_after_rollout == rollout_id:
-            return True
-        last = rollout_id == self.cfg.rollout.num_rollout - 1
-        return last or (ckpt.save_interval is not None and (rollout_id + 1) % ckpt.save_interval == 0)
+    def _stop_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.run_dir.event("engine_stopped", reason="fault injection stop_engine_at_end")
 
-    def _trainer_state(self) -> checkpoint.TrainerState:
+    def _eval_due(self, rollout_id: int) -> bool:
+        interval = self.cfg.eval.eval_interval
+        return interval is not None and rollout_id % interval == 0
+
+    def _maybe_save(self, rollout_id: int) -> None:
+        ckpt = self.cfg.checkpoint
+        if self.actor is None or ckpt.save is None:
+            return
+        last = (
+            rollout_id == self.cfg.rollout.num_rollout - 1
+            or rollout_id == self.cfg.debug.debug_exit_after_rollout
+        )
+        if not (last or (ckpt.save_interval is not None and (rollout_id + 1) % ckpt.save_interval == 0)):
+            return
         nxt = self.state.next_rollout_id
-        return checkpoint.TrainerState(
+        state = checkpoint.TrainerState(
             next_rollout_id=nxt,
             data_position=nxt * self.cfg.rollout.rollout_batch_size,
             weight_version=self.state.weight_version + 1,
             model_fingerprint=self.fingerprint,
         )
+        with self.timer("save_model"):
+            path = checkpoint.save_checkpoint(ckpt.save, self.actor, state)
+            self.harness.after_checkpoint(path, lambda: list(self.actor.named_weights()))
+        self.run_dir.event("checkpoint", rollout_id=rollout_id, path=str(path))
 
     def _emit(
         self, kind: str, index: int, metrics: dict[str, float], *, rollout_id: int | None = None

@@ -105,3 +105,21 @@ def model_fingerprint(path: str | Path) -> str:
         config.pop("transformers_version", None)
         h.update(json.dumps(config, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
+
+
+def stop_token_ids(path: str | Path, tokenizer) -> tuple[int, ...]:
+    """Token ids that end a response: the tokenizer's eos and the generation config's eos (either may be a list)."""
+    from transformers import GenerationConfig
+
+    directory, _ = _split_checkpoint(path)
+    candidates = [tokenizer.eos_token_id]
+    try:
+        candidates.append(
+            GenerationConfig.from_pretrained(str(directory), local_files_only=True).eos_token_id
+        )
+    except (OSError, ValueError):
+        pass  # no generation_config.json (e.g. a GGUF file): the tokenizer's eos decides
+    flat: set[int] = set()
+    for c in candidates:
+        flat.update(c if isinstance(c, list) else [c] if c is not None else [])
+    return tuple(sorted(flat))

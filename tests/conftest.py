@@ -24,7 +24,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    assert (TINY_MODEL / "config.json").exists(), f"fixture model missing at {TINY_MODEL}; run python -m grpolab.fixtures.make_fixtures"
+    assert (TINY_MODEL / "config.json").exists(), (
+        f"fixture model missing at {TINY_MODEL}; run python -m grpolab.fixtures.make_fixtures"
+    )
     return TINY_MODEL
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -50,6 +51,16 @@ from grpolab.core.modeling import load_causal_lm
 
 _TINY = torch.finfo(torch.float32).tiny
 _NOISE_BLOCK = 1 << 16  # uniforms drawn per row per generator call: C = clamp(2**16 // V, 1, 32) steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorMismatch:
+    """One engine tensor that differs from its snapshot (weights checker "compare")."""
+
+    name: str
+    shape: tuple[int, ...]
+    max_abs_err: float
+    mean_abs_err: float
 
 
 def filtered_log_probs(
@@ -138,6 +149,7 @@ class TorchEngine:
         self._cache: DynamicCache | None = None
         self.weight_version = 0
         self.memory_released = False
+        self.stopped = False
         self.last_stats: dict[str, float] = {"tokens": 0, "seconds": 0.0, "tokens_per_s": 0.0}
 
     # ------------------------------------------------------------------ generation
@@ -154,6 +166,8 @@ class TorchEngine:
         """
         if self.memory_released:
             raise RuntimeError("TorchEngine.generate: memory is released; call resume_memory() first")
+        if self.stopped:
+            raise RuntimeError("TorchEngine.generate: the engine was shut down (shutdown() was called)")
         for i, req in enumerate(requests):
             if not req.prompt_ids:
                 raise ValueError(f"TorchEngine.generate: request {i} has an empty prompt")
@@ -298,6 +312,59 @@ class TorchEngine:
         self.weight_version = weight_version
         return self.weight_version
 
+    def weights_checker(self, action: str, *, seed: int = 0) -> list[TensorMismatch]:
+        """SGLang's `/weights_checker` actions on the engine's own persistent tensors.
+
+        Actions (Miles notes 3.3): "snapshot" copies every persistent parameter/buffer to CPU;
+        "reset_tensors" overwrites them with seeded random values (non-persistent buffers such as
+        rotary `inv_freq` are not in the state dict and stay); "compare" returns one
+        `TensorMismatch` per tensor that is not bitwise equal to the snapshot.
+
+        Raises:
+            ValueError: unknown action, or "compare" before "snapshot".
+        """
+        state = self.model.state_dict()
+        if action == "snapshot":
+            self._weights_snapshot = {n: t.detach().to("cpu", copy=True) for n, t in state.items()}
+            return []
+        if action == "reset_tensors":
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+            seen: set[int] = set()
+            with torch.no_grad():
+                for tensor in state.values():
+                    if tensor.data_ptr() in seen or not tensor.is_floating_point():
+                        continue
+                    seen.add(tensor.data_ptr())
+                    tensor.copy_(torch.randn(tensor.shape, generator=gen, dtype=torch.float32))
+            return []
+        if action == "compare":
+            snapshot = getattr(self, "_weights_snapshot", None)
+            if snapshot is None:
+                raise ValueError("weights_checker('compare') needs a 'snapshot' first")
+            out = []
+            for name, tensor in state.items():
+                expected = snapshot[name]
+                actual = tensor.detach().cpu()
+                if not torch.equal(actual, expected):
+                    err = (actual.double() - expected.double()).abs()
+                    out.append(
+                        TensorMismatch(
+                            name=name,
+                            shape=tuple(actual.shape),
+                            max_abs_err=float(err.max()),
+                            mean_abs_err=float(err.mean()),
+                        )
+                    )
+            return out
+        raise ValueError(
+            f"weights_checker: unknown action {action!r}; expected snapshot, reset_tensors or compare"
+        )
+
+    def shutdown(self) -> None:
+        """Stop the engine: later `generate` calls raise and `health()` reports not ok."""
+        self.flush_cache()
+        self.stopped = True
+
     def flush_cache(self) -> None:
         """Drop cached KV state (the engine keeps none between `generate` calls)."""
         self._cache = None
@@ -320,7 +387,7 @@ class TorchEngine:
     def health(self) -> EngineHealth:
         """Always ok for an in-process engine; reports weight version and memory state."""
         return EngineHealth(
-            ok=True,
+            ok=not self.stopped,
             weight_version=self.weight_version,
             memory_released=self.memory_released,
             detail=f"torch engine on {self.device}, {self.dtype}",

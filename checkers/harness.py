@@ -1,0 +1,168 @@
+"""The in-run checker harness: which checkers run under the flags, and where in the loop.
+
+The loop calls one hook per point of a step; each hook runs the enabled checkers, writes a
+`check` event (checker, verdict, details) into events.jsonl, and raises `CheckFailure` where an
+invariant breaks, so the run fails at the step that broke it. Numeric-guard findings are warnings
+without `--ci-test` and failures with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from grpolab.checkers import grad_norm, kl, logprobs, model_hash, numeric_guard, weight_update
+from grpolab.checkers.errors import CheckFailure
+from grpolab.checkers.metric import MetricChecker
+from grpolab.core.batch import Sample
+from grpolab.core.config import Config
+from grpolab.core.rundir import RunDirectory
+
+log = logging.getLogger("grpolab")
+
+
+class CheckHarness:
+    """Runs the checkers `config` enables; every verdict lands in the run directory's events."""
+
+    def __init__(self, config: Config, run_dir: RunDirectory) -> None:
+        ci, debug = config.ci, config.debug
+        self.ci = ci
+        self.run_dir = run_dir
+        one_side_only = debug.debug_rollout_only or debug.debug_train_only
+        self.kl_enabled = ci.ci_test and not ci.ci_disable_kl_checker
+        self.logprobs_enabled = ci.ci_test and not ci.ci_disable_logprobs_checker
+        wants_weight_check = (
+            ci.ci_test and not ci.ci_disable_weight_update_checker
+        ) or ci.check_weight_update_equal
+        self.weight_update_enabled = wants_weight_check and not one_side_only
+        self.metric = None
+        if ci.ci_metric_checker_key is not None:
+            assert ci.ci_metric_checker_threshold is not None
+            self.metric = MetricChecker(
+                ci.ci_metric_checker_key, ci.ci_metric_checker_threshold, ci.ci_metric_checker_expect_num
+            )
+        self._first_step_seen = False
+
+    def _verdict(self, checker: str, ok: bool, **details: object) -> None:
+        self.run_dir.event("check", checker=checker, ok=ok, **details)
+
+    def _run(self, checker: str, fn: Callable[[], None], **details: object) -> None:
+        try:
+            fn()
+        except CheckFailure as e:
+            self._verdict(checker, False, message=str(e), **details)
+            raise
+        self._verdict(checker, True, **details)
+
+    # ------------------------------------------------------------------ hooks
+    def first_sync(self, engine: object, sync: Callable[[], None], *, resumed: bool) -> None:
+        """The startup sync, wrapped by the weight-update checker when it is on."""
+        if not self.weight_update_enabled:
+            sync()
+            return
+        if resumed:
+            # the engine loads --hf-checkpoint while the trainer resumed other weights: a snapshot
+            # of the engine cannot be the expected value, so the bitwise check does not apply
+            self.run_dir.event(
+                "check", checker="weight_update", ok=None, message="skipped: resumed from --load"
+            )
+            sync()
+            return
+        self._run("weight_update", lambda: weight_update.check_weight_update(engine, sync))  # type: ignore[arg-type]
+        log.info("weight-update checker: every engine tensor equals the trainer's after the first sync")
+
+    def after_advantages(self, rollout_id: int, samples: list[Sample]) -> None:
+        """GRPO numeric guard: warn, and under --ci-test fail."""
+        findings = numeric_guard.guard_rewards(
+            torch.tensor([s.reward for s in samples], dtype=torch.float64),
+            torch.tensor([s.group_index for s in samples]),
+            torch.tensor([s.advantage for s in samples], dtype=torch.float64),
+            max_abs_advantage=self.ci.ci_max_abs_advantage,
+        )
+        for f in findings:
+            log.info(f"numeric guard (rollout {rollout_id}): {f.code}: {f.message}")
+            self.run_dir.event("numeric_guard", rollout_id=rollout_id, code=f.code, message=f.message)
+        if findings and self.ci.ci_test:
+            text = "\n".join(f"{f.code}: {f.message}" for f in findings)
+            self._verdict("numeric_guard", False, rollout_id=rollout_id, message=text)
+            raise CheckFailure("numeric_guard", f"rollout {rollout_id}:\n{text}")
+
+    def after_rollout_line(
+        self,
+        rollout_id: int,
+        line: dict[str, float],
+        samples: list[Sample],
+        trainer: list[torch.Tensor],
+        reference: list[torch.Tensor] | None,
+    ) -> None:
+        """Log-prob checker on the rollout's means, with per-token detail on failure."""
+        if not self.logprobs_enabled:
+            return
+        self._run(
+            "logprobs",
+            lambda: logprobs.check_logprobs(
+                rollout_id,
+                line,
+                trainer=trainer,
+                reference=reference,
+                engine=[s.rollout_log_probs for s in samples],
+                response_ids=[s.response_ids for s in samples],
+                abs_tol=self.ci.ci_logprobs_checker_abs_tol,
+            ),
+            rollout_id=rollout_id,
+        )
+
+    def after_step(self, rollout_id: int, step_in_rollout: int, metrics: dict[str, float]) -> None:
+        """KL checker, and grad-norm save/compare."""
+        first = not self._first_step_seen
+        self._first_step_seen = True
+        if self.kl_enabled and step_in_rollout == 0:
+            self._run(
+                "kl",
+                lambda: kl.check_kl(
+                    metrics, rollout_id=rollout_id, step_in_rollout=step_in_rollout, first_step_of_run=first
+                ),
+                rollout_id=rollout_id,
+                step=int(metrics["train/step"]),
+            )
+        where = {"role": "actor", "rollout_id": rollout_id, "step_id": step_in_rollout}
+        if self.ci.ci_save_grad_norm:
+            grad_norm.save_grad_norm(self.ci.ci_save_grad_norm, metrics["train/grad_norm"], **where)
+        elif self.ci.ci_load_grad_norm:
+            tol = self.ci.ci_grad_norm_rtol
+            self._run(
+                "grad_norm",
+                lambda: grad_norm.check_grad_norm(
+                    self.ci.ci_load_grad_norm, metrics["train/grad_norm"], rtol=tol, atol=tol, **where
+                ),
+                rollout_id=rollout_id,
+                step_id=step_in_rollout,
+            )
+
+    def after_eval(self, rollout_id: int, metrics: dict[str, float]) -> None:
+        if self.metric is not None:
+            ok = self.metric.record(rollout_id, metrics)
+            self._verdict(
+                "metric", ok, rollout_id=rollout_id, key=self.metric.key, value=metrics[self.metric.key]
+            )
+
+    def after_checkpoint(self, iter_dir: Path, weights: Callable[[], list[tuple[str, torch.Tensor]]]) -> None:
+        if self.ci.ci_save_model_hash:
+            path = model_hash.save_model_hash(iter_dir, model_hash.layer_hashes(weights()), rank=0)
+            self.run_dir.event("model_hash_saved", path=str(path))
+
+    def after_load(self, iter_dir: Path, weights: Callable[[], list[tuple[str, torch.Tensor]]]) -> None:
+        if self.ci.ci_check_model_hash:
+            self._run(
+                "model_hash",
+                lambda: model_hash.check_model_hash(iter_dir, model_hash.layer_hashes(weights()), rank=0),
+                path=str(iter_dir),
+            )
+
+    def finish(self) -> None:
+        """End-of-run verdicts (the metric gate needs at least one eval)."""
+        if self.metric is not None:
+            self._run("metric", self.metric.finish, key=self.metric.key)

@@ -1,0 +1,40 @@
+"""Weight-update checker (`--ci-test` / `--check-weight-update-equal`, off with `--ci-disable-weight-update-checker`).
+
+Miles `check_weight_update_equal` (notes-miles-slime-areal.md 3.3): snapshot the engine's weights
+as loaded, overwrite every persistent tensor with random values, run the first trainer→engine
+sync, then require every tensor to be bitwise equal to the snapshot. A tensor the sync failed to
+reach still holds random values and is named with its max abs error and shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from grpolab.checkers.errors import CheckFailure
+
+
+class CheckableEngine(Protocol):
+    def weights_checker(self, action: str, *, seed: int = 0) -> list: ...
+
+
+def check_weight_update(engine: CheckableEngine, first_sync: Callable[[], None], *, seed: int = 0) -> None:
+    """Snapshot, randomize, sync, compare.
+
+    Raises:
+        CheckFailure: listing every tensor that is not bitwise equal after the sync.
+    """
+    engine.weights_checker("snapshot")
+    engine.weights_checker("reset_tensors", seed=seed)
+    first_sync()
+    mismatches = engine.weights_checker("compare")
+    if mismatches:
+        rows = "\n".join(
+            f"  {m.name}: shape {m.shape}, max abs err {m.max_abs_err:.4g}, mean abs err {m.mean_abs_err:.4g}"
+            for m in mismatches
+        )
+        raise CheckFailure(
+            "weight_update",
+            f"{len(mismatches)} engine tensor(s) not overwritten bitwise by the first weight sync "
+            f"(they still hold the checker's random values or a different copy):\n{rows}",
+        )

@@ -1,0 +1,207 @@
+"""Where a rollout's scored samples come from: the engine, a recording, or both (inject).
+
+`RolloutProducer.produce(rollout_id)` returns the rollout's samples with rewards and GRPO
+advantages filled in:
+- live: `--rollout-batch-size` prompts (seeded order, see data.py) × `--n-samples-per-prompt`
+  answers from the engine, each with its own seed (seeding.py), scored by the reward function;
+- replay (`--load-debug-rollout-data`): samples read from the recording, advantages recomputed;
+- inject (`--ci-inject-rollout-data-path`, from the start id on): generate and score as live,
+  compare with the recording (replayer.compare_rollouts), then hand back the recording.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from grpolab.core import algorithms, rewards
+from grpolab.core.batch import Sample
+from grpolab.core.config import Config
+from grpolab.core.data import PromptDataset, rollout_prompt_indices
+from grpolab.core.engine.base import GenerationRequest, RolloutEngine, SamplingParams
+from grpolab.core.metrics import PhaseTimer
+from grpolab.core.rundir import RunDirectory
+from grpolab.core.seeding import derive_sample_seed
+from grpolab.replay.replayer import InjectMismatchError, RolloutReplayer, RunIdentity, compare_rollouts
+
+log = logging.getLogger("grpolab")
+
+
+class RolloutProducer:
+    """Produces scored samples for each rollout id (see the module docstring for the three sources)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        engine: RolloutEngine | None,
+        dataset: PromptDataset,
+        sampling: SamplingParams,
+        identity: RunIdentity,
+        run_dir: RunDirectory,
+        timer: PhaseTimer,
+    ) -> None:
+        cfg, debug = config, config.debug
+        self.cfg = cfg
+        self.engine = engine
+        self.dataset = dataset
+        self.sampling = sampling
+        self.run_dir = run_dir
+        self.timer = timer
+        self.custom_reward = (
+            rewards.load_custom_reward(cfg.reward.custom_rm_path) if cfg.reward.custom_rm_path else None
+        )
+        if self.custom_reward is None:
+            rewards.get_reward_fn(cfg.reward.rm_type)  # unknown --rm-type fails here, before any work
+        self.replayer = None
+        if debug.load_debug_rollout_data:
+            self.replayer = RolloutReplayer(
+                debug.load_debug_rollout_data,
+                identity,
+                allow_mismatch=debug.allow_recording_mismatch,
+                subsample=debug.load_debug_rollout_data_subsample,
+                flag="--load-debug-rollout-data",
+            )
+        self.injector = None
+        if debug.ci_inject_rollout_data_path:
+            self.injector = RolloutReplayer(
+                debug.ci_inject_rollout_data_path,
+                identity,
+                allow_mismatch=debug.allow_recording_mismatch,
+                flag="--ci-inject-rollout-data-path",
+            )
+
+    def produce(self, rollout_id: int) -> list[Sample]:
+        """This rollout's samples, scored, with advantages."""
+        cfg, timer = self.cfg, self.timer
+        if self.replayer is not None:
+            with timer("load_rollout_data"):
+                samples, version = self.replayer.load(rollout_id)
+            self._warn_mismatch(self.replayer)
+            self.run_dir.event(
+                "rollout_replayed", rollout_id=rollout_id, weight_version=version, samples=len(samples)
+            )
+            with timer("reward"):
+                self.assign_advantages(samples)
+            return samples
+        with timer("rollout"):
+            samples = self.generate(rollout_id)
+        if cfg.colocate.colocate and cfg.colocate.offload_rollout:
+            assert self.engine is not None
+            with timer("engine_release"):
+                self.engine.release_memory()
+        with timer("reward"):
+            self.score(samples)
+        if self.injector is None or rollout_id < cfg.debug.ci_inject_rollout_data_start_rollout_id:
+            return samples
+        return self._inject(rollout_id, samples)
+
+    def _inject(self, rollout_id: int, fresh: list[Sample]) -> list[Sample]:
+        assert self.injector is not None
+        recorded, _ = self.injector.load(rollout_id)
+        self._warn_mismatch(self.injector)
+        report = compare_rollouts(fresh, recorded, rollout_id=rollout_id)
+        threshold = self.cfg.debug.ci_inject_rollout_data_min_match_ratio
+        self.run_dir.event(
+            "inject_check",
+            rollout_id=rollout_id,
+            mean_ratio=report.mean_ratio,
+            min_ratio=report.min_ratio,
+            threshold=threshold,
+            worst=[m.__dict__ for m in report.worst],
+        )
+        log.info(f"inject {report.describe(threshold)}")
+        if not report.mean_ratio > threshold:
+            raise InjectMismatchError(
+                f"--ci-inject-rollout-data-min-match-ratio: {report.describe(threshold)}; "
+                "the engine holds other weights than the recording run's"
+            )
+        self.assign_advantages(recorded)
+        return recorded
+
+    def generate(self, rollout_id: int) -> list[Sample]:
+        """Generate `--n-samples-per-prompt` answers for each prompt of this rollout."""
+        cfg = self.cfg
+        assert self.engine is not None
+        indices = rollout_prompt_indices(
+            num_rows=len(self.dataset),
+            rollout_id=rollout_id,
+            rollout_batch_size=cfg.rollout.rollout_batch_size,
+            seed=cfg.run.seed,
+            shuffle=cfg.data.rollout_shuffle,
+        )
+        prompts = [self.dataset[i] for i in indices]
+        n = cfg.rollout.n_samples_per_prompt
+        meta = [
+            (g, k, p, derive_sample_seed(cfg.run.seed, rollout_id, p.index, k))
+            for g, p in enumerate(prompts)
+            for k in range(n)
+        ]
+        requests = [GenerationRequest(prompt_ids=p.prompt_ids, seed=seed) for _, _, p, seed in meta]
+        results = self.engine.generate(requests, self.sampling)
+        decode = self.dataset.tokenizer.decode
+        return [
+            Sample(
+                index=i,
+                prompt_index=p.index,
+                group_index=g,
+                sample_index=k,
+                seed=seed,
+                prompt_ids=list(p.prompt_ids),
+                response_ids=list(res.response_ids),
+                rollout_log_probs=res.log_probs.float().cpu(),
+                loss_mask=torch.ones(len(res.response_ids), dtype=torch.float32),
+                finish_reason=res.finish_reason,
+                prompt_text=p.text,
+                response_text=decode(res.response_ids, skip_special_tokens=True),
+                label=p.label,
+                kept_token_ids=res.kept_token_ids,
+                weight_version=res.weight_version,
+            )
+            for i, ((g, k, p, seed), res) in enumerate(zip(meta, results))
+        ]
+
+    def score(self, samples: list[Sample]) -> None:
+        """Fill `reward` (rm or custom function) and `advantage` (GRPO, per group) in place."""
+        cfg = self.cfg
+        records = [
+            {
+                "prompt": s.prompt_text,
+                "response": s.response_text,
+                "label": s.label,
+                "index": s.index,
+                "group_index": s.group_index,
+                "metadata": s.metadata,
+            }
+            for s in samples
+        ]
+        values = rewards.score_samples_sync(
+            records,
+            rm_type=cfg.reward.rm_type,
+            custom_fn=self.custom_reward,
+            group_rm=cfg.reward.group_rm,
+            group_size=cfg.rollout.n_samples_per_prompt,
+            reward_key=cfg.reward.reward_key,
+        )
+        for s, r in zip(samples, values):
+            s.reward = float(r)
+        self.assign_advantages(samples)
+
+    def assign_advantages(self, samples: list[Sample]) -> None:
+        """GRPO advantages from the samples' rewards and group ids (recomputed on replay too, as Miles)."""
+        algo = self.cfg.algorithm
+        rewards_B = torch.tensor([s.reward for s in samples], dtype=torch.float64)
+        group_ids_B = torch.tensor([s.group_index for s in samples])
+        estimator = algorithms.get_advantage_estimator(algo.advantage_estimator)
+        advantages_B = estimator(
+            rewards_B, group_ids_B, std_normalize=not algo.disable_grpo_std_normalization
+        )
+        for s, a in zip(samples, advantages_B.tolist()):
+            s.advantage = float(a)
+
+    def _warn_mismatch(self, replayer: RolloutReplayer) -> None:
+        for message in replayer.warnings:
+            log.info(f"warning: {message} (--allow-recording-mismatch)")
+            self.run_dir.event("recording_mismatch_allowed", detail=message)
+        replayer.warnings.clear()

@@ -1,0 +1,197 @@
+"""--ci-ft-test-actions parsing (strict) and FaultInjector firing; real os._exit and real hangs in subprocesses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from grpolab.checkers.faults import FaultAction, FaultInjector, InjectedFault, parse_fault_actions
+
+
+def test_parse_good() -> None:
+    text = """[
+        {"at_rollout": 2, "action": "crash_before_allreduce", "rank": 1},
+        {"action": "raise_in_train", "at_rollout": 0},
+        {"at_rollout": 5, "action": "sleep_forever_at_end", "rank": 0},
+        {"at_rollout": 5, "action": "stop_engine_at_end"}
+    ]"""
+    assert parse_fault_actions(text) == [
+        FaultAction(at_rollout=2, action="crash_before_allreduce", rank=1),
+        FaultAction(at_rollout=0, action="raise_in_train", rank=0),
+        FaultAction(at_rollout=5, action="sleep_forever_at_end", rank=0),
+        FaultAction(at_rollout=5, action="stop_engine_at_end", rank=0),
+    ]
+    assert parse_fault_actions(" [] ") == []
+    assert [a.point for a in parse_fault_actions(text)] == [
+        "before_allreduce",
+        "train",
+        "end_of_rollout",
+        "end_of_rollout",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ('[{"at_rollout": 2, "action": "raise_in_train"', ["malformed JSON at line 1 column"]),
+        ("", ["malformed JSON"]),
+        (
+            '{"at_rollout": 2, "action": "raise_in_train"}',
+            ["expected a JSON array of action objects, got a JSON object"],
+        ),
+        ('[{"at_rollout": 1, "action": "raise_in_train"}, 3]', ["item 1: ", "expected an object, got 3"]),
+        ('[{"at_rollout": 1, "action": "raise_in_train", "when": 2}]', ["item 0: ", "unknown field 'when'"]),
+        (
+            '[{"at_rollout": 1, "action": "raise_in_train", "cell_index": -1}]',
+            ["item 0: ", "unknown field 'cell_index'", "Miles FT-cell field"],
+        ),
+        ('[{"action": "raise_in_train"}]', ["item 0: ", "missing required field 'at_rollout'"]),
+        ('[{"at_rollout": 1}, {"at_rollout": 1}]', ["item 0: ", "missing required field 'action'"]),
+        (
+            '[{"at_rollout": true, "action": "raise_in_train"}]',
+            ["item 0: ", "'at_rollout'", "got true (a JSON boolean)"],
+        ),
+        ('[{"at_rollout": "2", "action": "raise_in_train"}]', ["'at_rollout'", 'got "2" (a JSON string)']),
+        ('[{"at_rollout": 2.0, "action": "raise_in_train"}]', ["'at_rollout'", "got 2.0 (a JSON number)"]),
+        ('[{"at_rollout": null, "action": "raise_in_train"}]', ["'at_rollout'", "got null (a JSON null)"]),
+        (
+            '[{"at_rollout": -1, "action": "raise_in_train"}]',
+            ["'at_rollout' must be an integer >= 0, got -1"],
+        ),
+        (
+            '[{"at_rollout": 1, "action": "raise_in_train", "rank": false}]',
+            ["item 0: ", "'rank'", "(a JSON boolean)"],
+        ),
+        ('[{"at_rollout": 1, "action": "raise_in_train", "rank": -2}]', ["'rank' must be an integer >= 0"]),
+        ('[{"at_rollout": 1, "action": 5}]', ["item 0: ", "field 'action' must be a string, got 5"]),
+        (
+            '[{"at_rollout": 1, "action": "explode"}]',
+            ["item 0: ", "unknown action 'explode'", "valid: crash_before_allreduce, raise_in_train"],
+        ),
+        ('[{"at_rollout": 1, "action": "stop_cell_at_end"}]', ["unknown action", "Miles FT-cell action"]),
+        (
+            '[{"at_rollout": 1, "action": "raise_in_train", "at_rollout": 2}]',
+            ["item 0: ", "field 'at_rollout' is given twice"],
+        ),
+        (
+            '[{"at_rollout": 1, "action": "raise_in_train"}, {"action": "raise_in_train", "at_rollout": 1}]',
+            ["item 1: ", "duplicates item 0"],
+        ),
+    ],
+)
+def test_parse_bad_names_flag_item_and_field(text: str, needles: list[str]) -> None:
+    with pytest.raises(ValueError) as e:
+        parse_fault_actions(text)
+    msg = str(e.value)
+    assert msg.startswith("--ci-ft-test-actions: ")
+    for needle in needles:
+        assert needle in msg
+
+
+def test_raise_in_train_fires_once_on_its_rank_and_rollout() -> None:
+    actions = parse_fault_actions('[{"at_rollout": 2, "action": "raise_in_train", "rank": 1}]')
+    seen: list[tuple[str, int]] = []
+    rank0 = FaultInjector(actions, rank=0)
+    rank1 = FaultInjector(actions, rank=1, on_fire=lambda a, r: seen.append((a.action, r)))
+    for rollout_id in range(4):
+        assert rank0.maybe_fire("train", rollout_id) == []
+    assert rank1.maybe_fire("train", 1) == []
+    assert rank1.maybe_fire("end_of_rollout", 2) == []
+    assert rank1.pending() == actions
+    with pytest.raises(
+        InjectedFault, match=r"raise_in_train on rank 1 at rollout 2 \(--ci-ft-test-actions item 0\)"
+    ):
+        rank1.maybe_fire("train", 2)
+    assert seen == [("raise_in_train", 2)]
+    assert rank1.maybe_fire("train", 2) == []  # once
+    assert rank1.pending() == [] and rank0.pending() == []
+    assert issubclass(InjectedFault, RuntimeError)
+
+
+def test_stop_engine_calls_back_once_and_non_terminal_fires_first() -> None:
+    actions = parse_fault_actions(
+        '[{"at_rollout": 1, "action": "raise_in_train"}, {"at_rollout": 1, "action": "stop_engine_at_end"}]'
+    )
+    stops: list[int] = []
+    injector = FaultInjector(actions, rank=0, on_stop_engine=lambda: stops.append(1))
+    assert injector.maybe_fire("end_of_rollout", 0) == []
+    assert injector.maybe_fire("end_of_rollout", 1) == [actions[1]]
+    assert injector.maybe_fire("end_of_rollout", 1) == []
+    assert stops == [1]
+    with pytest.raises(InjectedFault):
+        injector.maybe_fire("train", 1)
+
+
+def test_injector_validation() -> None:
+    stop = parse_fault_actions(
+        '[{"at_rollout": 0, "action": "raise_in_train"}, {"at_rollout": 0, "action": "stop_engine_at_end"}]'
+    )
+    with pytest.raises(
+        ValueError, match=r"--ci-ft-test-actions: item 1: stop_engine_at_end needs a running engine"
+    ):
+        FaultInjector(stop, rank=0)
+    FaultInjector(stop, rank=1)  # not this rank's action: nothing to stop
+    far = parse_fault_actions('[{"at_rollout": 0, "action": "raise_in_train", "rank": 2}]')
+    with pytest.raises(ValueError, match=r"item 0: field 'rank': rank 2 does not exist \(world size 2\)"):
+        FaultInjector(far, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="unknown fault point 'backward'"):
+        FaultInjector(far, rank=2).maybe_fire("backward", 0)
+
+
+def _script(body: str) -> list[str]:
+    prelude = "import sys\nfrom grpolab.checkers.faults import FaultInjector, parse_fault_actions\n"
+    return [sys.executable, "-c", prelude + textwrap.dedent(body)]
+
+
+def test_crash_before_allreduce_exits_1(tmp_path: Path) -> None:
+    marker = tmp_path / "fired.txt"
+    body = f"""
+        actions = parse_fault_actions('[{{"at_rollout": 2, "action": "crash_before_allreduce", "rank": 1}}]')
+        inj = FaultInjector(actions, rank=1, on_fire=lambda a, r: open({str(marker)!r}, "w").write(f"{{a.action}} {{r}}"))
+        for rollout_id in range(4):
+            inj.maybe_fire("train", rollout_id)
+            inj.maybe_fire("before_allreduce", rollout_id)
+            print("allreduce", rollout_id, flush=True)
+        print("AFTER LOOP")
+    """
+    proc = subprocess.run(_script(body), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stdout.split("\n") == ["allreduce 0", "allreduce 1", ""]
+    assert "[grpolab fault] injecting crash_before_allreduce on rank 1 at rollout 2" in proc.stderr
+    assert marker.read_text() == "crash_before_allreduce 2"
+
+
+def test_sleep_forever_at_end_really_hangs(tmp_path: Path) -> None:
+    stderr = tmp_path / "stderr.txt"
+    body = """
+        actions = parse_fault_actions(
+            '[{"at_rollout": 1, "action": "sleep_forever_at_end"}, {"at_rollout": 1, "action": "stop_engine_at_end"}]'
+        )
+        inj = FaultInjector(actions, rank=0, on_stop_engine=lambda: print("ENGINE STOPPED", file=sys.stderr, flush=True))
+        inj.maybe_fire("end_of_rollout", 0)
+        inj.maybe_fire("end_of_rollout", 1)
+        print("RETURNED", file=sys.stderr, flush=True)
+    """
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen(_script(body), stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while "sleep_forever_at_end" not in stderr.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, stderr.read_text()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert proc.poll() is None  # still asleep: a real hang
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    lines = stderr.read_text().splitlines()
+    assert lines == [
+        "[grpolab fault] injecting stop_engine_at_end on rank 0 at rollout 1 (--ci-ft-test-actions item 1)",
+        "ENGINE STOPPED",
+        "[grpolab fault] injecting sleep_forever_at_end on rank 0 at rollout 1 (--ci-ft-test-actions item 0)",
+    ]
