@@ -318,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.checkers.model_hash import add_hash_parser
 
     add_hash_parser(sub)
+    from grpolab.checkers.gate import add_gate_parser
+
+    add_gate_parser(sub)
     return parser
 
 
@@ -330,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
         from grpolab.checkers.model_hash import run_hash_command
 
         return run_hash_command(args)
+    if args.command == "gate":
+        from grpolab.checkers.gate import run_gate_command
+
+        return run_gate_command(args)
     if args.command == "replay":
         from grpolab.replay.cli import run_replay_command
 

@@ -1,0 +1,449 @@
+"""Offline CI gate: `grpolab gate RUN_OR_LOG [--baseline ...] [--step0-kl T] [--gap-range ...] [--metric ...]`.
+
+Inputs: our run directories (recognised by `run.json` or `metrics.jsonl`; `metrics.jsonl` is read),
+a `metrics.jsonl` file, or a Miles/slime console log read with `core.foreign_logs.parse_file`
+(`step N: {...}` lines with or without the Ray/timestamp prefixes). Every input must hold at least
+one `step` record, otherwise the gate cannot judge it (exit 2).
+
+Checks (all on the FIRST `step` record in file order, except `--metric`; the step number is shown):
+- `--step0-kl T`: |train/ppo_kl| < T, and train/pg_clipfrac < 1e-10. Before the first update the
+  trainer's old and new probabilities are the same, so both must be 0; Miles asserts ppo_kl < 1e-9
+  and pg_clipfrac < 1e-10 in its `--ci-test` (Miles 101 manual section 5.2, "Check two values at
+  step 0"; our in-run twin is `checkers/kl.py`). When no check flag is given, `--step0-kl 1e-9` runs.
+- `--gap-range LO:HI`: LO <= train/train_rollout_logprob_abs_diff <= HI. The trainer-vs-engine gap is
+  never 0 outside true on-policy mode, but at step 0 it must sit inside the range of your healthy
+  runs (manual section 5.2 "Compare the gap with your range"; section 8.3: "measure the gap at step
+  0 and keep it inside the range of your healthy runs"; the manual's Qwen3-0.6B seeds gave
+  0.0148-0.0157). `--gap-range auto` takes [min, max] of the baselines' first-step gaps widened by
+  the relative `--gap-margin` m: [lo*(1-m), hi*(1+m)].
+- `--metric 'KEY>=X'` (also `<=`, `>`, `<`, `==`): the LAST value of KEY in the run, over records
+  of any kind in file order; a missing key fails and lists the keys present.
+
+Exit codes: 0 every check passed, 1 a check failed, 2 cannot judge (unreadable input, no step
+records, a bad flag value; the message names the file or the flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import operator
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from grpolab.core.foreign_logs import MetricRecord, parse_file
+
+PPO_KL_KEY = "train/ppo_kl"
+CLIPFRAC_KEY = "train/pg_clipfrac"
+GAP_KEY = "train/train_rollout_logprob_abs_diff"
+MILES_PPO_KL_TOL = 1e-9  # manual 5.2: Miles asserts train/ppo_kl below 1e-9
+MILES_CLIPFRAC_TOL = 1e-10  # manual 5.2: ... and train/pg_clipfrac below 1e-10
+DEFAULT_GAP_MARGIN = 0.1
+METRIC_FORM = "KEY>=X, KEY<=X, KEY>X, KEY<X or KEY==X with a number X (e.g. 'eval/arith>=0.5')"
+_OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le, "==": operator.eq}
+_OPS.update({">": operator.gt, "<": operator.lt})
+_METRIC_RE = re.compile(
+    r"^\s*(?P<key>[^<>=\s](?:[^<>=]*[^<>=\s])?)\s*(?P<op>>=|<=|==|>|<)\s*(?P<value>\S+)\s*$"
+)
+_KEYS_SHOWN = 40
+
+
+class GateInputError(ValueError):
+    """The gate cannot judge: unreadable input, no step records, or a bad flag value (exit 2)."""
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """The records of one run or log.
+
+    Attributes:
+        path: the input as given; source: the file read (metrics.jsonl or the log); records: file order.
+    """
+
+    path: str
+    source: str
+    records: list[MetricRecord]
+
+    @property
+    def first_step(self) -> MetricRecord:
+        """The first `step` record in file order (load_run guarantees one exists)."""
+        return next(r for r in self.records if r.kind == "step")
+
+    def where(self, record: MetricRecord) -> dict[str, Any]:
+        """Evidence fields of a record: `record` ("step 0", "rollout 3"), `file`, `line_no`."""
+        label = f"step {record.step}" if record.kind == "step" else f"{record.kind} {record.index}"
+        return {"record": label, "file": self.source, "line_no": record.line_no}
+
+
+def _read_jsonl(path: Path) -> list[MetricRecord]:
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records: list[MetricRecord] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            metrics = {str(k): float(v) for k, v in obj["metrics"].items() if isinstance(v, int | float)}
+            kind = str(obj["kind"])
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            if i == last:  # a live run's half-written last line
+                continue
+            raise GateInputError(f"{path}:{i + 1}: not a metrics.jsonl record ({e})") from None
+        step, rid = obj.get("step"), obj.get("rollout_id")
+        step, rid = (None if v is None else int(v) for v in (step, rid))
+        records.append(MetricRecord(kind, rid, step, metrics, obj.get("time"), obj.get("side"), i + 1))
+    return records
+
+
+def load_run(path: str | Path) -> RunMetrics:
+    """Read a run directory, a metrics.jsonl file or a Miles/slime console log.
+
+    Raises:
+        GateInputError: the path is missing or unreadable, a directory is not a run directory, or
+            the input holds no `step` record.
+    """
+    p = Path(path)
+    if p.is_dir():
+        if not ((p / "run.json").exists() or (p / "metrics.jsonl").exists()):
+            raise GateInputError(f"{p} is not a run directory (no run.json or metrics.jsonl)")
+        p, fmt = p / "metrics.jsonl", "run"
+    else:
+        fmt = "run" if p.suffix == ".jsonl" else "log"
+    try:
+        records = _read_jsonl(p) if fmt == "run" else parse_file(p).records
+    except OSError as e:
+        raise GateInputError(f"cannot read {p}: {e.strerror or e}") from None
+    if not any(r.kind == "step" for r in records):
+        what = 'records of kind "step"' if fmt == "run" else "`step N: {...}` lines"
+        raise GateInputError(f"no {what} in {p}; nothing to judge (did the run reach its first step?)")
+    return RunMetrics(path=str(path), source=str(p), records=records)
+
+
+@dataclass(frozen=True)
+class MetricExpr:
+    """A parsed `--metric` expression: KEY OP THRESHOLD."""
+
+    key: str
+    op: str
+    threshold: float
+
+
+def parse_metric_expr(text: str) -> MetricExpr:
+    """`'eval/arith>=0.5'` → MetricExpr; GateInputError naming `--metric` and the expected form."""
+    m = _METRIC_RE.match(text)
+    try:
+        threshold = float(m.group("value")) if m else math.nan
+    except ValueError:
+        threshold = math.nan
+    if m is None or math.isnan(threshold):
+        raise GateInputError(f"--metric {text!r}: expected {METRIC_FORM}")
+    return MetricExpr(m.group("key"), m.group("op"), threshold)
+
+
+def parse_gap_range(text: str) -> tuple[float, float] | None:
+    """`'auto'` → None; `'LO:HI'` → (LO, HI); GateInputError naming `--gap-range` otherwise."""
+    if text.strip() == "auto":
+        return None
+    lo_s, sep, hi_s = text.partition(":")
+    try:
+        lo, hi = float(lo_s), float(hi_s)
+    except ValueError:
+        lo = hi = math.nan
+    if not sep or not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+        raise GateInputError(
+            f"--gap-range {text!r}: expected 'auto' or LO:HI with finite numbers LO <= HI (e.g. 0.013:0.017)"
+        )
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One row of the gate table.
+
+    Attributes:
+        check: the flag's name (step0-kl | gap-range | metric); key: the metric checked;
+        value: the value found (None when missing); expectation: the rule, in words;
+        passed: the verdict; record / file / line_no: where the value came from ("step 0");
+        detail: why it failed (e.g. the keys present when the key is missing); count: how many
+        records held the key (`--metric` only).
+    """
+
+    check: str
+    key: str
+    value: float | None
+    expectation: str
+    passed: bool
+    record: str | None = None
+    file: str | None = None
+    line_no: int | None = None
+    detail: str = ""
+    count: int | None = None
+
+    @property
+    def evidence(self) -> str:
+        """`step 0 @ file.log:4` (with `last of N:` for --metric), or `-` when nothing was found."""
+        if self.record is None:
+            return "-"
+        last = f"last of {self.count}: " if self.count is not None else ""
+        return f"{last}{self.record} @ {Path(self.file or '').name}:{self.line_no}"
+
+
+@dataclass(frozen=True)
+class GapRange:
+    """The range --gap-range checks against, and where it came from."""
+
+    lo: float
+    hi: float
+    mode: str  # "explicit" | "auto"
+    margin: float | None = None
+    baselines: list[dict[str, Any]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One paragraph for the text output."""
+        if self.mode == "explicit":
+            return f"gap range: [{self.lo:.6g}, {self.hi:.6g}] (explicit --gap-range)"
+        vals = [b["value"] for b in self.baselines]
+        head = (
+            f"gap range (auto): [{self.lo:.6g}, {self.hi:.6g}] = baseline first-step {GAP_KEY} "
+            f"min {min(vals):.6g} .. max {max(vals):.6g}, widened by --gap-margin {self.margin:g} "
+            f"(lo*(1-m), hi*(1+m)) from {len(vals)} baseline(s):"
+        )
+        rows = [
+            f"  {b['path']}: {b['value']:.6g} at {b['record']}, line {b['line_no']}" for b in self.baselines
+        ]
+        return "\n".join([head, *rows])
+
+
+def _missing(keys: list[str]) -> str:
+    more = f", ... (+{len(keys) - _KEYS_SHOWN} more)" if len(keys) > _KEYS_SHOWN else ""
+    return f"key not found; keys present: {', '.join(keys[:_KEYS_SHOWN]) or '(none)'}{more}"
+
+
+def check_step0_kl(run: RunMetrics, tol: float) -> list[CheckResult]:
+    """|train/ppo_kl| < tol and train/pg_clipfrac < 1e-10 on the first step record (manual 5.2)."""
+    rec = run.first_step
+    out = []
+    for key, limit, expect in (
+        (PPO_KL_KEY, tol, f"|x| < {tol:g}"),
+        (CLIPFRAC_KEY, MILES_CLIPFRAC_TOL, f"|x| < {MILES_CLIPFRAC_TOL:g} (Miles)"),
+    ):
+        value = rec.metrics.get(key)
+        ok = value is not None and abs(value) < limit
+        detail = ""
+        if value is None:
+            detail = _missing(sorted(rec.metrics))
+        elif not ok:
+            detail = (
+                f"first step (step {rec.step}) must be on-policy: old and new log-probs come from the same "
+                "weights, so the two forwards are not the same computation (micro-batching, padding, "
+                "dropout, nondeterministic kernels) or the step was not the first of its rollout"
+            )
+        out.append(CheckResult("step0-kl", key, value, expect, ok, detail=detail, **run.where(rec)))
+    return out
+
+
+def derive_gap_range(baselines: Sequence[RunMetrics], margin: float) -> GapRange:
+    """[min, max] of the baselines' first-step gaps widened to [lo*(1-m), hi*(1+m)] (manual 5.2, 8.3)."""
+    if not baselines:
+        raise GateInputError(
+            "--gap-range auto needs at least one --baseline RUN_OR_LOG (healthy runs of your setup)"
+        )
+    rows = []
+    for b in baselines:
+        rec = b.first_step
+        value = rec.metrics.get(GAP_KEY, math.nan)
+        if not math.isfinite(value):
+            got = _missing(sorted(rec.metrics)) if GAP_KEY not in rec.metrics else value
+            raise GateInputError(f"baseline {b.path}: first-step {GAP_KEY}: {got}")
+        rows.append({"path": b.path, "value": value, **b.where(rec)})
+    lo, hi = min(r["value"] for r in rows), max(r["value"] for r in rows)
+    return GapRange(lo * (1 - margin), hi * (1 + margin), "auto", margin, rows)
+
+
+def check_gap(run: RunMetrics, gap: GapRange) -> CheckResult:
+    """LO <= first-step train/train_rollout_logprob_abs_diff <= HI."""
+    rec = run.first_step
+    value = rec.metrics.get(GAP_KEY)
+    expect = f"{gap.lo:.6g} <= x <= {gap.hi:.6g} ({gap.mode})"
+    ok = value is not None and gap.lo <= value <= gap.hi
+    detail = ""
+    if value is None:
+        detail = _missing(sorted(rec.metrics))
+    elif value > gap.hi:
+        detail = (
+            f"{value / gap.hi:.1f}x the upper bound: the trainer and the engine may not compute the same model "
+            "(wrong checkpoint path on one side, a format one side reads differently; manual 5.2)"
+        )
+    elif not ok:
+        detail = "outside the healthy range: are the baselines the same setup (model, sampler, dtypes)?"
+    return CheckResult("gap-range", GAP_KEY, value, expect, ok, detail=detail, **run.where(rec))
+
+
+def check_metric(run: RunMetrics, expr: MetricExpr) -> CheckResult:
+    """The LAST value of expr.key in the run (any record kind, file order) OP threshold."""
+    expect = f"last value {expr.op} {expr.threshold:g}"
+    hits = [r for r in run.records if expr.key in r.metrics]
+    if not hits:
+        keys = sorted({k for r in run.records for k in r.metrics})
+        return CheckResult("metric", expr.key, None, expect, False, detail=_missing(keys), count=0)
+    rec = hits[-1]
+    value = rec.metrics[expr.key]
+    ok = _OPS[expr.op](value, expr.threshold)
+    return CheckResult("metric", expr.key, value, expect, ok, count=len(hits), **run.where(rec))
+
+
+def _verdict(passed: bool) -> str:
+    return "PASS" if passed else "FAIL"
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """Everything `grpolab gate` decided; `passed` is True when every check passed."""
+
+    target: str
+    source: str
+    checks: list[CheckResult]
+    gap_range: GapRange | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `--json` document (strict JSON: a non-finite value becomes "nan" / "inf" / "-inf")."""
+        num = lambda v: v if v is None or math.isfinite(v) else str(v)  # noqa: E731
+        return {
+            "target": self.target,
+            "source": self.source,
+            "verdict": _verdict(self.passed),
+            "exit_code": 0 if self.passed else 1,
+            "checks": [
+                {**asdict(c), "value": num(c.value), "evidence": c.evidence, "result": _verdict(c.passed)}
+                for c in self.checks
+            ],
+            "gap_range": None if self.gap_range is None else asdict(self.gap_range),
+            "notes": self.notes,
+        }
+
+
+def gate(
+    target: str | Path,
+    *,
+    baselines: Sequence[str | Path] = (),
+    step0_kl: float | None = None,
+    gap_range: str | None = None,
+    gap_margin: float = DEFAULT_GAP_MARGIN,
+    metrics: Sequence[str] = (),
+) -> GateReport:
+    """Run the requested checks on `target` (see the module docstring for each rule).
+
+    Raises:
+        GateInputError: the gate cannot judge (exit 2); the message names the file or the flag.
+    """
+    notes: list[str] = []
+    exprs = [parse_metric_expr(m) for m in metrics]
+    explicit = parse_gap_range(gap_range) if gap_range is not None else None
+    if step0_kl is not None and not step0_kl > 0:
+        raise GateInputError(f"--step0-kl {step0_kl!r}: expected a positive tolerance (Miles uses 1e-9)")
+    if not (math.isfinite(gap_margin) and gap_margin >= 0):
+        raise GateInputError(f"--gap-margin {gap_margin!r}: expected a relative margin >= 0 (e.g. 0.1)")
+    if step0_kl is None and gap_range is None and not exprs:
+        step0_kl = MILES_PPO_KL_TOL
+        notes.append(f"no check requested: running the default --step0-kl {MILES_PPO_KL_TOL:g}")
+    run = load_run(target)
+    base_runs = [load_run(b) for b in baselines]
+    if base_runs and not (gap_range is not None and explicit is None):
+        notes.append("--baseline is only used by --gap-range auto; ignored")
+    checks: list[CheckResult] = []
+    if step0_kl is not None:
+        checks += check_step0_kl(run, step0_kl)
+    gap: GapRange | None = None
+    if gap_range is not None:
+        gap = GapRange(*explicit, "explicit") if explicit else derive_gap_range(base_runs, gap_margin)
+        checks.append(check_gap(run, gap))
+    checks += [check_metric(run, e) for e in exprs]
+    return GateReport(str(target), run.source, checks, gap, notes)
+
+
+def format_report(report: GateReport) -> list[str]:
+    """The CI-log table: CHECK, KEY, VALUE, EXPECTATION, RESULT, EVIDENCE, then failure details."""
+    lines = [f"grpolab gate: {report.target} (read {report.source})"]
+    lines += [f"note: {n}" for n in report.notes]
+    if report.gap_range is not None:
+        lines += report.gap_range.describe().split("\n")
+    header = ("CHECK", "KEY", "VALUE", "EXPECTATION", "RESULT", "EVIDENCE")
+    rows = [
+        (c.check, c.key, "missing" if c.value is None else f"{c.value:.6g}", c.expectation,
+         _verdict(c.passed), c.evidence)
+        for c in report.checks
+    ]  # fmt: skip
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    for c in report.checks:
+        if c.detail and not c.passed:
+            lines.append(f"FAIL {c.check} {c.key}: {c.detail}")
+    passed = sum(c.passed for c in report.checks)
+    lines.append(f"gate: {_verdict(report.passed)} ({passed}/{len(report.checks)} checks passed)")
+    return lines
+
+
+def add_gate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `gate` to an argparse subparsers object (sets `args.command = "gate"`)."""
+    p = subparsers.add_parser(
+        "gate",
+        help="offline CI gate on a run dir or Miles/slime log (exit 0 pass, 1 fail, 2 cannot judge)",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "target", metavar="RUN_OR_LOG", help="run directory, metrics.jsonl, or Miles/slime console log"
+    )
+    p.add_argument("--baseline", action="append", default=[], metavar="RUN_OR_LOG",
+                   help="healthy run of the same setup (repeatable); used by --gap-range auto")  # fmt: skip
+    p.add_argument("--step0-kl", type=float, default=None, metavar="T",
+                   help="first step: |train/ppo_kl| < T and train/pg_clipfrac < 1e-10 (Miles: T = 1e-9)")  # fmt: skip
+    p.add_argument("--gap-range", default=None, metavar="auto|LO:HI",
+                   help=f"first step's {GAP_KEY} must lie in [LO, HI]; auto derives it from --baseline runs")  # fmt: skip
+    p.add_argument("--gap-margin", type=float, default=DEFAULT_GAP_MARGIN, metavar="M",
+                   help="relative widening of the auto range: [lo*(1-M), hi*(1+M)] (default 0.1)")  # fmt: skip
+    p.add_argument("--metric", action="append", default=[], metavar="'KEY>=X'",
+                   help="the LAST value of KEY in the run (any record kind) must satisfy the comparison; "
+                   "ops >=, <=, >, <, == (repeatable)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the verdicts as a JSON document")
+    return p
+
+
+def run_gate_command(
+    args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Run `grpolab gate`; 0 all passed, 1 a check failed, 2 cannot judge (message on stderr)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        report = gate(
+            args.target,
+            baselines=args.baseline,
+            step0_kl=args.step0_kl,
+            gap_range=args.gap_range,
+            gap_margin=args.gap_margin,
+            metrics=args.metric,
+        )
+    except GateInputError as e:
+        print(f"grpolab gate: error: {e}", file=err)
+        if args.json:
+            doc = {"target": args.target, "verdict": "ERROR", "exit_code": 2, "error": str(e), "checks": []}
+            print(json.dumps(doc, indent=2), file=out)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2), file=out)
+    else:
+        for line in format_report(report):
+            print(line, file=out)
+    return 0 if report.passed else 1
