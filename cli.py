@@ -6,6 +6,8 @@ Flags use Miles names and meanings; a repeated flag keeps its last value (argpar
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -246,6 +248,13 @@ TRAIN_FLAGS: list[tuple[str, str, str, Any, str]] = [
     ("--ci-ft-test-actions", "ci", "ci_ft_test_actions", str, "JSON list of fault-injection actions"),
     ("--run-dir", "run", "run_dir", str, "run directory (default runs/<time>-s<seed>)"),
     ("--seed", "run", "seed", int, "run seed"),
+    (
+        "--debug-deterministic-collective",
+        "run",
+        "debug_deterministic_collective",
+        BOOL,
+        "fold SUM/AVG reductions in a fixed order (det_gloo/det_nccl); slow, for bitwise comparisons",
+    ),
     ("--num-threads", "run", "num_threads", int, "torch CPU threads (pin for bitwise-reproducible CPU runs)"),
     ("--progress", "run", "show_progress", BOOL, "progress bar during generation"),
 ]
@@ -273,6 +282,12 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=None, help=help_text)
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="run N ranks on this machine through torchrun (the same as `torchrun --nproc-per-node N -m grpolab train ...`)",
+    )
     parser.add_argument(
         "--eval-prompt-data",
         nargs="+",
@@ -324,6 +339,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def launch_torchrun(nproc: int, argv: list[str]) -> int:
+    """Re-run this `grpolab train` command under torchrun with `nproc` ranks; return its exit code."""
+    if nproc < 1:
+        print(f"grpolab train: error: --nproc-per-node must be >= 1, got {nproc}", file=sys.stderr)
+        return 2
+    rest, skip = [], False
+    for a in argv[1:]:  # argv[0] is "train"
+        if skip or a.startswith("--nproc-per-node="):
+            skip = False
+            continue
+        if a == "--nproc-per-node":
+            skip = True
+            continue
+        rest.append(a)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "grpolab",
+        "train",
+        *rest,
+    ]
+    return subprocess.call(cmd)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `grpolab` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -352,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
             config = config_from_args(args)
         except ValueError as e:
             parser.error(str(e))
+        if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
+            return launch_torchrun(args.nproc_per_node, argv)
         from grpolab.checkers.errors import CheckFailure
 
         try:

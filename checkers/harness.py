@@ -17,6 +17,7 @@ import torch
 from grpolab.checkers import grad_norm, kl, logprobs, model_hash, numeric_guard, weight_update
 from grpolab.checkers.errors import CheckFailure
 from grpolab.checkers.metric import MetricChecker
+from grpolab.core.atomic import atomic_write_json
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.rundir import RunDirectory
@@ -39,7 +40,7 @@ class CheckHarness:
         ) or ci.check_weight_update_equal
         self.weight_update_enabled = wants_weight_check and not one_side_only
         self.metric = None
-        if ci.ci_metric_checker_key is not None:
+        if ci.ci_metric_checker_key is not None and run_dir.rank == 0:  # rank 0 runs the evals
             assert ci.ci_metric_checker_threshold is not None
             self.metric = MetricChecker(
                 ci.ci_metric_checker_key, ci.ci_metric_checker_threshold, ci.ci_metric_checker_expect_num
@@ -161,6 +162,18 @@ class CheckHarness:
                 lambda: model_hash.check_model_hash(iter_dir, model_hash.layer_hashes(weights()), rank=0),
                 path=str(iter_dir),
             )
+
+    def final_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """`--ci-save-model-hash`: per-layer hashes of the final full weights in `checks/model_hash_final.json`.
+
+        Written at every world size (checkpoints are not), so runs on different world sizes compare bitwise.
+        """
+        if self.run_dir.rank != 0:
+            return
+        path = self.run_dir.path / "checks" / "model_hash_final.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, model_hash.layer_hashes(weights))
+        self.run_dir.event("model_hash_saved", path=str(path))
 
     def finish(self) -> None:
         """End-of-run verdicts (the metric gate needs at least one eval)."""

@@ -22,6 +22,7 @@ import torch
 from grpolab.core import algorithms
 from grpolab.core.batch import MicroBatch, Sample, collate, split
 from grpolab.core.config import AlgorithmConfig, OptimizerConfig
+from grpolab.core.dist import DistContext, all_reduce_sum, full_tensor, shard_model
 from grpolab.core.modeling import load_causal_lm
 
 
@@ -43,6 +44,8 @@ class Actor:
         temperature: `--rollout-temperature`, applied to trainer logits the same way the engine did.
         build_optimizer: False for `--debug-disable-optimizer` style runs (forward/backward only).
         padding_side: how micro-batches are padded (results do not depend on it).
+        dist_ctx: multi-rank runs: the policy is FSDP2-sharded, each rank trains on its share of
+            every optimizer window, denominators are global counts and metrics are summed over ranks.
     """
 
     def __init__(
@@ -56,10 +59,24 @@ class Actor:
         temperature: float,
         build_optimizer: bool = True,
         padding_side: str = "right",
+        dist_ctx: DistContext | None = None,
     ) -> None:
         self.device = torch.device(device)
+        self.dist = dist_ctx or DistContext()
         self.model = load_causal_lm(checkpoint, dtype=dtype, device=self.device)
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False)
+        if self.dist.distributed:
+            shard_model(
+                self.model, self.dist, device
+            )  # the reference stays a full local copy (frozen, small)
+        gbs = optimizer.global_batch_size
+        assert gbs is not None
+        if gbs % self.dist.world_size:
+            raise ValueError(
+                f"--global-batch-size {gbs} must be divisible by the world size {self.dist.world_size}"
+            )
+        self.local_batch_size = gbs // self.dist.world_size
+        """Samples of one optimizer window on this rank."""
         self.opt_cfg = optimizer
         self.algo = algorithm
         self.temperature = temperature
@@ -135,9 +152,7 @@ class Actor:
 
     def _micro_batches(self, samples: list[Sample]) -> Iterator[list[Sample]]:
         """Samples split into optimizer windows, then micro-batches: the exact split training uses."""
-        gbs = self.opt_cfg.global_batch_size
-        assert gbs is not None
-        for window in split(samples, gbs):
+        for window in split(samples, self.local_batch_size):
             yield from split(window, self.opt_cfg.micro_batch_size)
 
     # ------------------------------------------------------------------ training
@@ -159,12 +174,11 @@ class Actor:
             step_offset: `train/step` of the first window (rollout_id × steps_per_rollout).
             apply_update: False skips the optimizer step (forward/backward still run).
         """
-        gbs = self.opt_cfg.global_batch_size
-        assert gbs is not None
+        local = self.local_batch_size
         metrics = []
         self.model.train()
-        for step_id, start in enumerate(range(0, len(samples), gbs)):
-            window = list(range(start, min(start + gbs, len(samples))))
+        for step_id, start in enumerate(range(0, len(samples), local)):
+            window = list(range(start, min(start + local, len(samples))))
             metrics.append(self._train_window(samples, window, old, ref, step_offset + step_id, apply_update))
         self.model.eval()
         return metrics
@@ -180,12 +194,11 @@ class Actor:
     ) -> dict[str, float]:
         algo = self.algo
         mode = "token_mean" if algo.calculate_per_token_loss else "sample_mean"
-        denominator = (
-            float(sum(int(samples[i].loss_mask.sum()) for i in window))
-            if mode == "token_mean"
-            else float(len(window))
+        local_count = (
+            sum(int(samples[i].loss_mask.sum()) for i in window) if mode == "token_mean" else len(window)
         )
-        denominator = max(denominator, 1.0)
+        # the whole window's count over every rank: world size never changes the objective
+        denominator = max(all_reduce_sum({"n": float(local_count)}, self.dist)["n"], 1.0)
         sums: dict[str, float] = {}
         self.model.zero_grad(set_to_none=True)
         for chunk in split(window, self.opt_cfg.micro_batch_size):
@@ -244,8 +257,9 @@ class Actor:
             for name, value in reduced.items():
                 sums[name] = sums.get(name, 0.0) + float(value.detach())
 
+        sums = all_reduce_sum(sums, self.dist)
         max_norm = self.opt_cfg.clip_grad if self.opt_cfg.clip_grad > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if apply_update and self.optimizer is not None:
             self.optimizer.step()
             assert self.scheduler is not None
@@ -282,11 +296,15 @@ class Actor:
             torch.cuda.synchronize(device)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, tensor) for every distinct weight, tied weights once (what the engine sync sends)."""
+        """(HF name, full tensor) for every distinct weight, tied weights once (what the engine sync sends).
+
+        Multi-rank: gathers each FSDP2 shard (a collective: every rank must iterate it fully).
+        """
         seen: set[int] = set()
         for name, tensor in self.model.state_dict().items():
-            key = tensor.data_ptr()
+            local = getattr(tensor, "_local_tensor", tensor)  # an FSDP2 DTensor's shard
+            key = local.data_ptr()
             if key in seen:
                 continue
             seen.add(key)
-            yield name, tensor.detach()
+            yield name, full_tensor(tensor.detach())

@@ -424,6 +424,8 @@ class RunConfig:
     num_threads: int | None = None
     """`--num-threads`: torch intra-op threads (pinned; results differ between thread counts on CPU)."""
     show_progress: bool = True
+    debug_deterministic_collective: bool = False
+    """`--debug-deterministic-collective`: det_gloo/det_nccl backend, deterministic algorithms, 1 thread unless --num-threads."""
 
 
 @dataclass(kw_only=True)

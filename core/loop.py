@@ -29,6 +29,7 @@ from grpolab.core.actor import Actor
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset
+from grpolab.core.dist import DistContext, all_gather_objects, barrier, init_distributed, shutdown
 from grpolab.core.engine.base import SamplingParams
 from grpolab.core.engine.torch_engine import TorchEngine
 from grpolab.core.evaluation import evaluate
@@ -56,9 +57,10 @@ class RunState:
 class GRPORun:
     """Everything one run holds; `run()` executes it. Build with `GRPORun.create(config, argv)`."""
 
-    def __init__(self, config: Config, run_dir: RunDirectory) -> None:
+    def __init__(self, config: Config, run_dir: RunDirectory, dist_ctx: DistContext | None = None) -> None:
         cfg, debug = config, config.debug
         self.cfg, self.run_dir = cfg, run_dir
+        self.dist = dist_ctx or DistContext()
         self.timer, self.state = PhaseTimer(), RunState()
         self.harness = CheckHarness(cfg, run_dir)
         self.fingerprint = model_fingerprint(cfg.model.hf_checkpoint)
@@ -75,8 +77,8 @@ class GRPORun:
         }
         self.faults = FaultInjector(
             parse_fault_actions(cfg.ci.ci_ft_test_actions or "[]"),
-            rank=0,
-            world_size=1,
+            rank=self.dist.rank,
+            world_size=self.dist.world_size,
             on_stop_engine=None if debug.debug_train_only else self._stop_engine,
             on_fire=lambda action, rollout_id: run_dir.event(
                 "fault", action=action.action, rollout_id=rollout_id, rank=action.rank
@@ -101,6 +103,7 @@ class GRPORun:
                 algorithm=cfg.algorithm,
                 temperature=cfg.rollout.rollout_temperature,
                 build_optimizer=not debug.debug_disable_optimizer,
+                dist_ctx=self.dist,
             )
         self.sampling = SamplingParams(
             temperature=cfg.rollout.rollout_temperature,
@@ -130,6 +133,7 @@ class GRPORun:
             identity=identity,
             run_dir=run_dir,
             timer=self.timer,
+            dist_ctx=self.dist,
         )
         self.recorder = None
         if debug.save_debug_rollout_data:
@@ -146,22 +150,40 @@ class GRPORun:
     # ------------------------------------------------------------------ setup
     @classmethod
     def create(cls, config: Config, argv: list[str]) -> GRPORun:
-        """Pin threads and seeds, make the run directory (run.json first), build engine and actor."""
-        setup_console_logging()
-        if config.run.num_threads:
-            torch.set_num_threads(config.run.num_threads)
-        seed_everything(config.run.seed)
-        path = config.run.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-s{config.run.seed}"
-        config.run.run_dir = str(path)
-        run_dir = RunDirectory.create(
-            path,
-            config=config.to_dict(),
-            argv=argv,
-            seed=config.run.seed,
-            mirror_events_to=config.debug.save_debug_event_data,
-        )
+        """Join the world, pin threads and seeds, make the run directory (run.json first), build engine and actor."""
+        run_cfg = config.run
+        ctx = init_distributed(config.model.device, deterministic=run_cfg.debug_deterministic_collective)
+        setup_console_logging(quiet=not ctx.is_primary)
+        if run_cfg.debug_deterministic_collective:
+            torch.use_deterministic_algorithms(True)
+            run_cfg.num_threads = run_cfg.num_threads or 1  # CPU results differ between thread counts
+        if run_cfg.num_threads:
+            torch.set_num_threads(run_cfg.num_threads)
+        seed_everything(run_cfg.seed)
+        path = run_cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-s{run_cfg.seed}"
+        run_cfg.run_dir = path = str(all_gather_objects(path, ctx)[0])  # rank 0 names the directory
+        if ctx.is_primary:
+            run_dir = RunDirectory.create(
+                path,
+                config=config.to_dict(),
+                argv=argv,
+                seed=run_cfg.seed,
+                mirror_events_to=config.debug.save_debug_event_data,
+                extra={"world_size": ctx.world_size, "backend": ctx.backend},
+            )
+        barrier(ctx)
+        if not ctx.is_primary:
+            run_dir = RunDirectory(path, rank=ctx.rank)
         try:
-            run = cls(config, run_dir)
+            if ctx.world_size > 1 and (config.checkpoint.save or config.checkpoint.load):
+                raise ValueError(
+                    "--save/--load: checkpoints of multi-rank runs are not supported yet; run with one rank"
+                )
+            if config.rollout.rollout_batch_size % ctx.world_size:
+                raise ValueError(
+                    f"--rollout-batch-size {config.rollout.rollout_batch_size} must be divisible by the world size {ctx.world_size}"
+                )
+            run = cls(config, run_dir, ctx)
             run._maybe_resume()
         except BaseException as e:
             run_dir.finish("failed", error=f"{type(e).__name__}: {e}")
@@ -213,6 +235,9 @@ class GRPORun:
                     break
             if cfg.eval.eval_interval is not None and self.engine is not None:
                 self.evaluate(self.state.next_rollout_id)
+            if self.actor is not None and cfg.ci.ci_save_model_hash:
+                weights = list(self.actor.named_weights())  # a collective on multi-rank runs: every rank gathers
+                self.harness.final_weights(weights)
             self.harness.finish()
             for action in self.faults.pending():
                 log.info(
@@ -227,6 +252,7 @@ class GRPORun:
             )
             raise
         self.run_dir.finish("finished", rollouts=self.state.next_rollout_id)
+        shutdown(self.dist)
         return self.run_dir.path
 
     def step(self, rollout_id: int) -> None:
@@ -234,22 +260,23 @@ class GRPORun:
         cfg, timer = self.cfg, self.timer
         start = time.perf_counter()
         self.run_dir.heartbeat("rollout", rollout_id)
-        samples = self.producer.produce(rollout_id)
-        self.harness.after_advantages(rollout_id, samples)
-        if self.recorder is not None:
+        samples = self.producer.produce(rollout_id)  # this rank's share
+        everyone = self._gather(samples)  # the whole rollout, for metrics, checks and recordings
+        self.harness.after_advantages(rollout_id, everyone)
+        if self.recorder is not None and self.dist.is_primary:
             with timer("save_rollout_data"):
                 path, size = self.recorder.save(
-                    samples, rollout_id=rollout_id, weight_version=self.state.weight_version
+                    everyone, rollout_id=rollout_id, weight_version=self.state.weight_version
                 )
             self.run_dir.event("rollout_recorded", rollout_id=rollout_id, path=str(path), bytes=size)
         steps: list[dict[str, float]] = []
         if self.actor is None:
             rollout_line = rollout_metrics(
-                samples, log_probs=None, ref_log_probs=None, entropy=None, rollout_id=rollout_id
+                everyone, log_probs=None, ref_log_probs=None, entropy=None, rollout_id=rollout_id
             )
             self._emit("rollout", rollout_id, rollout_line)
         else:
-            rollout_line, steps = self.train(rollout_id, samples)
+            rollout_line, steps = self.train(rollout_id, samples, everyone)
         self.state.next_rollout_id = rollout_id + 1
         self._maybe_save(rollout_id)
         if self.actor is not None and cfg.colocate.colocate and cfg.colocate.offload_train:
@@ -272,9 +299,9 @@ class GRPORun:
         self.faults.maybe_fire("end_of_rollout", rollout_id)
 
     def train(
-        self, rollout_id: int, samples: list[Sample]
+        self, rollout_id: int, samples: list[Sample], everyone: list[Sample]
     ) -> tuple[dict[str, float], list[dict[str, float]]]:
-        """Log-probs, the rollout line, and the optimizer steps of one rollout."""
+        """Log-probs, the rollout line (over `everyone`), and the optimizer steps on this rank's `samples`."""
         cfg, timer, actor = self.cfg, self.timer, self.actor
         assert actor is not None
         if cfg.colocate.colocate and cfg.colocate.offload_train and actor.offloaded:
@@ -285,19 +312,15 @@ class GRPORun:
             old = actor.compute_log_probs(samples, with_entropy=True)
         with timer("ref_log_probs"):
             ref = actor.compute_log_probs(samples, reference=True)
+        all_old, all_ref = self._gather(old.log_probs), self._gather(ref.log_probs)
+        all_entropy = self._gather(old.entropy or [])
         line = rollout_metrics(
-            samples,
-            log_probs=old.log_probs,
-            ref_log_probs=ref.log_probs,
-            entropy=old.entropy,
-            rollout_id=rollout_id,
+            everyone, log_probs=all_old, ref_log_probs=all_ref, entropy=all_entropy, rollout_id=rollout_id
         )
         self._emit("rollout", rollout_id, line)
-        self.harness.after_rollout_line(rollout_id, line, samples, old.log_probs, ref.log_probs)
+        self.harness.after_rollout_line(rollout_id, line, everyone, all_old, all_ref)
         self.faults.maybe_fire("train", rollout_id)
-        self.faults.maybe_fire(
-            "before_allreduce", rollout_id
-        )  # one rank: the gradient "reduction" is the optimizer step
+        self.faults.maybe_fire("before_allreduce", rollout_id)  # the first backward reduces gradients
         with timer("actor_train"):
             steps = actor.train(
                 samples,
@@ -313,8 +336,8 @@ class GRPORun:
 
     def evaluate(self, rollout_id: int) -> None:
         """`eval N:` line on the held-out sets with the engine's current weights."""
-        if self.engine is None:
-            return  # train-only: no engine to evaluate with (Miles skips eval the same way)
+        if self.engine is None or not self.dist.is_primary:
+            return  # train-only: no engine to evaluate with (Miles skips eval the same way); rank 0 evaluates
         cfg = self.cfg
         self.run_dir.heartbeat("eval", rollout_id)
         with self.timer("eval"):
@@ -334,6 +357,12 @@ class GRPORun:
         self.harness.after_eval(rollout_id, metrics)
 
     # ------------------------------------------------------------------ helpers
+    def _gather(self, items: list) -> list:
+        """Concatenate every rank's list in rank order (a no-op for one rank)."""
+        if not self.dist.distributed:
+            return items
+        return [x for part in all_gather_objects(items, self.dist) for x in part]
+
     def _sync_weights(self) -> None:
         if self.engine is None or self.actor is None:
             return  # rollout-only or train-only: one side is missing, nothing to sync

@@ -19,6 +19,7 @@ from grpolab.core import algorithms, rewards
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset, rollout_prompt_indices
+from grpolab.core.dist import DistContext
 from grpolab.core.engine.base import GenerationRequest, RolloutEngine, SamplingParams
 from grpolab.core.metrics import PhaseTimer
 from grpolab.core.rundir import RunDirectory
@@ -41,6 +42,7 @@ class RolloutProducer:
         identity: RunIdentity,
         run_dir: RunDirectory,
         timer: PhaseTimer,
+        dist_ctx: DistContext | None = None,
     ) -> None:
         cfg, debug = config, config.debug
         self.cfg = cfg
@@ -49,6 +51,7 @@ class RolloutProducer:
         self.sampling = sampling
         self.run_dir = run_dir
         self.timer = timer
+        self.dist = dist_ctx or DistContext()
         self.custom_reward = (
             rewards.load_custom_reward(cfg.reward.custom_rm_path) if cfg.reward.custom_rm_path else None
         )
@@ -78,6 +81,7 @@ class RolloutProducer:
         if self.replayer is not None:
             with timer("load_rollout_data"):
                 samples, version = self.replayer.load(rollout_id)
+                samples = self._rank_share(samples)
             self._warn_mismatch(self.replayer)
             self.run_dir.event(
                 "rollout_replayed", rollout_id=rollout_id, weight_version=version, samples=len(samples)
@@ -100,6 +104,7 @@ class RolloutProducer:
     def _inject(self, rollout_id: int, fresh: list[Sample]) -> list[Sample]:
         assert self.injector is not None
         recorded, _ = self.injector.load(rollout_id)
+        recorded = self._rank_share(recorded)
         self._warn_mismatch(self.injector)
         report = compare_rollouts(fresh, recorded, rollout_id=rollout_id)
         threshold = self.cfg.debug.ci_inject_rollout_data_min_match_ratio
@@ -131,10 +136,12 @@ class RolloutProducer:
             seed=cfg.run.seed,
             shuffle=cfg.data.rollout_shuffle,
         )
-        prompts = [self.dataset[i] for i in indices]
+        share = len(indices) // self.dist.world_size  # data-parallel rollout: a contiguous share per rank
+        first = self.dist.rank * share
+        prompts = [self.dataset[i] for i in indices[first : first + share]]
         n = cfg.rollout.n_samples_per_prompt
         meta = [
-            (g, k, p, derive_sample_seed(cfg.run.seed, rollout_id, p.index, k))
+            (first + g, k, p, derive_sample_seed(cfg.run.seed, rollout_id, p.index, k))
             for g, p in enumerate(prompts)
             for k in range(n)
         ]
@@ -143,7 +150,7 @@ class RolloutProducer:
         decode = self.dataset.tokenizer.decode
         return [
             Sample(
-                index=i,
+                index=first * n + i,
                 prompt_index=p.index,
                 group_index=g,
                 sample_index=k,
@@ -199,6 +206,11 @@ class RolloutProducer:
         )
         for s, a in zip(samples, advantages_B.tolist()):
             s.advantage = float(a)
+
+    def _rank_share(self, samples: list[Sample]) -> list[Sample]:
+        """This rank's contiguous share of a whole recorded rollout (whole groups when groups divide evenly)."""
+        share = len(samples) // self.dist.world_size
+        return samples[self.dist.rank * share : (self.dist.rank + 1) * share]
 
     def _warn_mismatch(self, replayer: RolloutReplayer) -> None:
         for message in replayer.warnings:

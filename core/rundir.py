@@ -89,6 +89,7 @@ class RunDirectory:
         seed: int,
         rank: int = 0,
         mirror_events_to: str | Path | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> RunDirectory:
         """Make the directory and write `run.json` (first file of every run).
 
@@ -110,6 +111,7 @@ class RunDirectory:
                 "seed": seed,
                 "start_time": time.time(),
                 "environment": environment_fingerprint(),
+                **(extra or {}),
             },
         )
         run.attach_console_log()
@@ -125,7 +127,9 @@ class RunDirectory:
     def log_metrics(
         self, kind: str, rollout_id: int, metrics: dict[str, float], *, step: int | None = None
     ) -> None:
-        """Append one record to `metrics.jsonl` (kind: rollout | step | perf | eval)."""
+        """Append one record to `metrics.jsonl` (kind: rollout | step | perf | eval); rank 0 only."""
+        if self.rank != 0:
+            return
         self._append(
             "metrics.jsonl",
             {"kind": kind, "rollout_id": rollout_id, "step": step, "time": time.time(), "metrics": metrics},
@@ -133,6 +137,8 @@ class RunDirectory:
 
     def event(self, name: str, **fields: Any) -> None:
         """Append a lifecycle event (phase start/end, weight update, checkpoint, status) to `events.jsonl`."""
+        if self.rank != 0:
+            return  # one writer: other ranks report through their heartbeat file
         record = {"event": name, "time": time.time(), "rank": self.rank, **fields}
         self._append("events.jsonl", record)
         if self.mirror_events_to is not None:
@@ -172,10 +178,13 @@ class RunDirectory:
             self._log_handler = None
 
 
-def setup_console_logging() -> logging.Logger:
-    """Configure the `grpolab` logger to print bare messages to stdout (idempotent)."""
+def setup_console_logging(*, quiet: bool = False) -> logging.Logger:
+    """Configure the `grpolab` logger to print bare messages to stdout (idempotent).
+
+    `quiet` (ranks other than 0) keeps warnings only, so a multi-rank run prints each line once.
+    """
     logger = logging.getLogger(LOGGER_NAME)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
     logger.propagate = False
     if not any(getattr(h, "_grpolab_stdout", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stdout)
