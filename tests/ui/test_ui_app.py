@@ -1,0 +1,234 @@
+"""AppTest smoke tests: every page on the session's real runs and Miles log, asserting the numbers shown."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from grpolab.ui.runstore import RunStore
+
+APP = Path(__file__).resolve().parents[2] / "ui" / "app.py"
+
+
+def _app(monkeypatch: pytest.MonkeyPatch, *roots: Path, selected: list[str] | None = None) -> AppTest:
+    monkeypatch.setenv("GRPOLAB_UI_ROOTS", ":".join(str(r) for r in roots))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    if selected is not None:
+        at.session_state["selected_runs"] = selected
+    return at.run()
+
+
+def _texts(at: AppTest, kind: str) -> list[str]:
+    return [str(e.value) for e in getattr(at, kind)]
+
+
+def test_runs_page(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, ui_root)
+    assert not at.exception
+    table = at.dataframe[0].value.set_index("run")
+    assert {"a", "b", "a-step3", "a-late", "no-runjson", "logs/miles_plain.log"} <= set(table.index)
+    assert table.loc["a", "status"] == "finished" and table.loc["a", "steps"] == 4
+    assert table.loc["a", "source"] == "grpolab" and table.loc["a", "seed"] == 1234
+    assert table.loc["b", "seed"] == 7
+    assert table.loc["no-runjson", "status"] == "incomplete"
+    assert table.loc["logs/miles_plain.log", "source"] == "miles log"
+    assert table.loc["logs/miles_plain.log", "status"] == "ended"
+    assert table.loc["logs/miles_plain.log", "steps"] == 10
+    assert table.loc["logs/miles_plain.log", "last reward"] == pytest.approx(171 / 256)
+    assert table.loc["logs/miles_plain.log", "model"] == "/root/models/Qwen3-0.6B"
+    store = RunStore([ui_root])
+    assert table.loc["a", "last reward"] == store.frame("a").loc[("rollout", 3), "rollout/raw_reward"]
+    warnings = _texts(at, "warning")
+    assert any("miles_dead_engine.log" in w and "no metric lines" in w for w in warnings)
+    assert any("no-runjson" in w and "run.json is missing" in w for w in warnings)
+    at.text_input(key="runs_filter").input("miles").run()
+    assert set(at.dataframe[0].value["run"]) == {"logs/miles_plain.log", "logs/miles_dead_engine.log"}
+
+
+def test_compare_first_divergence_is_step_3(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, ui_root, selected=["a", "a-step3", "b"])
+    at.switch_page("app_pages/compare.py").run()
+    assert not at.exception
+    assert at.multiselect(key="compare_runs").value == ["a", "a-step3", "b"]
+    assert (at.selectbox(key="diff_a").value, at.selectbox(key="diff_b").value) == ("a", "a-step3")
+    assert len(at.get("plotly_chart")) >= 1
+    metric = at.metric[0]
+    assert metric.label == "First divergence step" and int(metric.value) == 3
+    assert any("rollout/raw_reward" in c and "train/loss" in c for c in _texts(at, "caption"))
+    diff = at.dataframe[-1].value
+    assert list(diff.index[diff["diverged"]]) == [3]
+    at.number_input(key="diff_tol").set_value(1.0).run()
+    assert any("No divergence over 4 common steps" in s for s in _texts(at, "success"))
+    # a different seed diverges at once
+    at.selectbox(key="diff_b").set_value("b").run()
+    at.number_input(key="diff_tol").set_value(0.0).run()
+    assert int(at.metric[0].value) == 0
+
+
+def test_compare_with_a_miles_log_and_a_seed_band(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, ui_root, selected=["a", "b", "logs/miles_plain.log"])
+    at.switch_page("app_pages/compare.py").run()
+    at.multiselect(key="compare_baseline").set_value(["a", "b"]).run()
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == 2  # raw_reward and response_lengths, on steps 0-3 of all three
+    verdicts = [d.value for d in at.dataframe if "outside the seed spread" in d.value.columns]
+    assert verdicts and verdicts[0]["run"].tolist() == ["logs/miles_plain.log"]
+    assert bool(verdicts[0]["outside the seed spread"].iloc[0])  # 0.6-0.7 reward vs tiny runs near 0
+    store = RunStore([ui_root])
+    expect = (
+        store.frame("logs/miles_plain.log").xs("rollout", level="kind")["rollout/raw_reward"].loc[0:3].mean()
+    )
+    assert verdicts[0]["mean of last 4 steps"].iloc[0] == pytest.approx(expect)
+    diff = [d.value for d in at.dataframe if "a" in d.value.columns and "b" in d.value.columns][0]
+    assert (
+        "run.seed" in diff.index and diff.loc["run.seed", "a"] == "1234" and diff.loc["run.seed", "b"] == "7"
+    )
+    assert diff.loc["flags.hf-checkpoint", "logs/miles_plain.log"] == "/root/models/Qwen3-0.6B"
+    assert diff.loc["flags.hf-checkpoint", "a"] == "—"  # a key the run does not have
+    assert len(at.get("download_button")) >= 1
+
+
+def test_compare_without_common_steps(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, ui_root, selected=["a", "a-late"])
+    at.switch_page("app_pages/compare.py").run()
+    assert not at.exception
+    warnings = _texts(at, "warning")
+    assert any("rollout/raw_reward: no step number is common" in w for w in warnings)
+    assert any("a and a-late have no common step numbers" in w for w in warnings)
+    assert len(at.get("plotly_chart")) == 0
+
+
+def test_health_page_on_the_miles_log(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, ui_root, selected=["logs/miles_plain.log"])
+    at.switch_page("app_pages/health.py").run()
+    assert not at.exception
+    table = at.dataframe[0].value.set_index("signal")
+    assert len(table) == 8
+    assert table.loc["pg_clipfrac", "status"].endswith("ok") and table.loc[
+        "pg_clipfrac", "evidence"
+    ].startswith("max 0 ")
+    assert table.loc["entropy collapse", "status"].endswith("n/a")
+    assert "logged 0 at every step" in table.loc["entropy collapse", "evidence"]
+    assert table.loc["kl_loss jumps", "status"].endswith("n/a")
+    assert table.loc["log-prob gap climbing", "status"].endswith("ok")
+    assert "max 0.0161 (step 1)" in table.loc["log-prob gap climbing", "evidence"]
+    assert "first rollout 0.312" in table.loc["zero-std group share", "evidence"]  # 10 of 32 groups
+    assert "of 32 groups" in table.loc["zero-std group share", "evidence"]
+    assert "0 of 10 steps ≥ clip 1" in table.loc["grad_norm hitting the clip", "evidence"]
+    step0 = at.dataframe[1].value.set_index("signal")
+    assert step0.loc["step 0 train/ppo_kl", "status"].endswith("ok")
+    assert step0.loc["step 0 gap vs baseline", "evidence"].startswith("0.0153365")
+    at.multiselect(key="health_baseline").set_value(["a", "b"]).run()
+    step0 = at.dataframe[1].value.set_index("signal")
+    assert step0.loc["step 0 gap vs baseline", "status"].endswith("red")  # 0.0153 vs ~6e-7 on the tiny model
+    assert len(at.get("plotly_chart")) == 1
+
+
+def test_health_page_on_a_tiny_run(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, ui_root, selected=["a"])
+    at.switch_page("app_pages/health.py").run()
+    assert not at.exception
+    table = at.dataframe[0].value.set_index("signal")
+    assert "4 rollouts logged; a trend needs ≥ 5" in table.loc["reward trend and collapse", "evidence"]
+    assert "of 2 groups" in table.loc["zero-std group share", "evidence"]
+
+
+def test_rollouts_page_recomputes_the_gap(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, ui_root, selected=["a"])
+    at.switch_page("app_pages/rollouts.py").run()
+    assert not at.exception
+    answers = at.dataframe[0].value
+    assert len(answers) == 4 and set(answers["finish"]) <= {"stop", "length"}
+    assert len(at.get("plotly_chart")) == 1
+    assert "Ranked by the lowest engine log-prob" in " ".join(_texts(at, "caption"))
+    at.button(key="rollouts_recompute").click().run()
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == 2
+    line = next(m for m in _texts(at, "markdown") if m.startswith("Recomputed mean |gap|"))
+    number = r"([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)"
+    recomputed = float(re.search(r"of token means\): " + number, line).group(1))
+    logged = float(re.search(r"step 0: " + number, line).group(1))
+    assert recomputed == pytest.approx(logged, rel=1e-4)
+    worst = at.dataframe[-1].value
+    assert len(worst) == 20 and worst["|gap|"].is_monotonic_decreasing
+    # rollout 1: the weights changed after rollout 0 and no checkpoint was saved
+    at.selectbox(key="rollouts_id").set_value(1).run()
+    assert any("no checkpoint of the weights before rollout 1" in i for i in _texts(at, "info"))
+
+
+def test_diagnose_page(ui_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _app(monkeypatch, ui_root, selected=["a"])
+    at.switch_page("app_pages/diagnose.py").run()
+    assert not at.exception
+    assert any(i.startswith("No diagnose reports yet for a") for i in _texts(at, "info"))
+    run = tmp_path / "hung"
+    (run / "diagnose" / "20261017-160000").mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"name": "hung", "config": {}, "seed": 1}))
+    report = {
+        "verdict": "B: mismatched collectives",
+        "ranks": [{"rank": 0, "frame": "all_reduce"}, {"rank": 1, "frame": "barrier"}],
+    }
+    (run / "diagnose" / "20261017-160000" / "hang.json").write_text(json.dumps(report))
+    at = _app(monkeypatch, tmp_path, selected=["hung"])
+    at.switch_page("app_pages/diagnose.py").run()
+    assert not at.exception
+    fields = at.dataframe[0].value.set_index("field")
+    assert fields.loc["verdict", "value"] == "B: mismatched collectives"
+    assert at.dataframe[1].value["frame"].tolist() == ["all_reduce", "barrier"]
+
+
+def test_bad_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    at = _app(monkeypatch, empty)
+    assert not at.exception
+    assert any("No runs found under" in w for w in _texts(at, "warning"))
+    for page in ("compare", "health", "rollouts", "diagnose"):
+        at.switch_page(f"app_pages/{page}.py").run()
+        assert not at.exception, page
+    at = _app(monkeypatch, tmp_path / "missing")
+    assert not at.exception
+    assert any("does not exist" in e for e in _texts(at, "error"))
+
+
+def _trace_x(chart) -> dict[str, list[float]]:
+    """name → x values of each trace of a plotly chart element (plotly may ship arrays as base64)."""
+    spec = json.loads(chart.proto.spec)
+    out = {}
+    for trace in spec["data"]:
+        x = trace.get("x", [])
+        if isinstance(x, dict) and "bdata" in x:
+            x = np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"])).tolist()
+        out[trace.get("name")] = list(x)
+    return out
+
+
+def test_compare_clean_steps_use_gpu_throttle_marks(
+    ui_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a", "b"):
+        shutil.copytree(ui_root / name, tmp_path / name)
+    perf = RunStore([tmp_path]).frame("b").xs("perf", level="kind")
+    mark = perf.loc[1, "time"] - perf.loc[1, "perf/step_time"] / 2  # inside b's step 1
+    samples = [
+        {"time": mark, "gpu": 0, "throttle_reasons": ["sw_thermal_slowdown"]},
+        {"time": mark + 1e6, "gpu": 0},
+    ]
+    (tmp_path / "b" / "gpu.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    at = _app(monkeypatch, tmp_path, selected=["a", "b"])
+    at.switch_page("app_pages/compare.py").run()
+    at.selectbox(key="compare_ns").set_value("perf/").run()
+    assert at.multiselect(key="compare_keys").value == ["perf/step_time", "perf/rollout_time"]
+    assert _trace_x(at.get("plotly_chart")[0]) == {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3]}
+    at.toggle(key="compare_clean").set_value(True).run()
+    assert not at.exception
+    assert _trace_x(at.get("plotly_chart")[0]) == {"a": [0, 2, 3], "b": [0, 2, 3]}  # same clean steps only
+    at.toggle(key="compare_same").set_value(False).run()
+    assert _trace_x(at.get("plotly_chart")[0]) == {"a": [0, 1, 2, 3], "b": [0, 2, 3]}

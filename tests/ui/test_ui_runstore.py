@@ -1,0 +1,205 @@
+"""RunStore: discovery, status, half-written lines, caching, foreign logs in the same shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from grpolab.core.foreign_logs import parse_file
+from grpolab.ui import discovery
+from grpolab.ui.runstore import RunStore
+
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
+
+
+def _run(folder: Path, *, steps: int = 3, status: str | None = "finished", run_json: bool = True) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "ranks").mkdir()
+    if run_json:
+        config = {"model": {"hf_checkpoint": "m"}, "optimizer": {"clip_grad": 1.0}}
+        (folder / "run.json").write_text(
+            json.dumps({"name": folder.name, "config": config, "seed": 3, "start_time": 1.0})
+        )
+    with open(folder / "metrics.jsonl", "w") as f:
+        for i in range(steps):
+            f.write(
+                json.dumps(
+                    {
+                        "kind": "rollout",
+                        "rollout_id": i,
+                        "step": None,
+                        "time": 10.0 + i,
+                        "metrics": {"rollout/raw_reward": i / 10},
+                    }
+                )
+                + "\n"
+            )
+            f.write(
+                json.dumps(
+                    {
+                        "kind": "step",
+                        "rollout_id": i,
+                        "step": i,
+                        "time": 10.5 + i,
+                        "metrics": {"train/loss": -i},
+                    }
+                )
+                + "\n"
+            )
+    events = [{"event": "run_start", "time": 1.0}]
+    if status:
+        events.append({"event": "status", "status": status, "time": 2.0})
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return folder
+
+
+def _heartbeat(folder: Path, t: float) -> None:
+    (folder / "ranks" / "0.json").write_text(
+        json.dumps({"rank": 0, "heartbeat": {"phase": "rollout", "time": t}})
+    )
+
+
+def test_status_and_discovery(tmp_path: Path) -> None:
+    _run(tmp_path / "done")
+    _run(tmp_path / "failed", status="failed")
+    _heartbeat(_run(tmp_path / "live", status=None), time.time() - 10)
+    _heartbeat(_run(tmp_path / "dead", status=None), time.time() - 3600)
+    _run(tmp_path / "nested" / "deeper" / "inc", run_json=False)
+    shutil.copy(LOGS / "miles_plain.log", tmp_path / "plain.log")
+    (tmp_path / "notes.txt").write_text("not a log")
+    store = RunStore([tmp_path])
+    runs = {r.run_id: r for r in store.list_runs()}
+    assert set(runs) == {"done", "failed", "live", "dead", "nested/deeper/inc", "plain.log"}
+    status = {k: r.status for k, r in runs.items()}
+    assert status == {
+        "done": "finished",
+        "failed": "failed",
+        "live": "running",
+        "dead": "crashed",
+        "nested/deeper/inc": "incomplete",
+        "plain.log": "running",  # written just now
+    }
+    assert (
+        runs["done"].steps == 3 and runs["done"].last_reward == pytest.approx(0.2) and runs["done"].seed == 3
+    )
+    assert runs["plain.log"].source == "miles log" and runs["plain.log"].seed == 1
+    old = time.time() - 3600
+    os.utime(tmp_path / "plain.log", (old, old))
+    assert {r.run_id: r.status for r in store.list_runs()}["plain.log"] == "ended"
+
+
+def test_several_roots_and_bad_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _run(tmp_path / "one" / "r")
+    _run(tmp_path / "two" / "r")
+    store = RunStore([tmp_path / "one", tmp_path / "two", tmp_path / "missing"])
+    assert [r.run_id for r in store.list_runs()] == ["one/r", "two/r"]
+    assert store.problems == [f"RUNS_ROOT {tmp_path / 'missing'} does not exist"]
+
+    real_scandir = os.scandir
+
+    def deny(path):
+        if Path(path) == tmp_path / "one":
+            raise PermissionError(13, "Permission denied")
+        return real_scandir(path)
+
+    monkeypatch.setattr(discovery.os, "scandir", deny)
+    store = RunStore([tmp_path / "one"])
+    assert store.list_runs() == []
+    assert store.problems == [f"cannot read RUNS_ROOT {tmp_path / 'one'}: Permission denied"]
+
+
+def test_half_written_last_line_is_skipped(tmp_path: Path) -> None:
+    run = _run(tmp_path / "r", steps=2, status=None)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "step", "rollout_id": 2, "step": 2, "metrics": {"train/lo')
+    store = RunStore([tmp_path])
+    frame = store.frame("r")
+    assert len(frame) == 4 and frame.index.get_level_values("step").max() == 1
+    info = store.list_runs()[0]
+    assert info.steps == 2 and "half-written" in info.warnings[0]
+    with open(run / "metrics.jsonl", "a") as f:  # the writer finishes the line
+        f.write('ss": 0.5}}\n')
+    assert store.frame("r").loc[("step", 2), "train/loss"] == 0.5
+    assert store.list_runs()[0].warnings == ()
+
+
+def test_read_scalars_is_cached_until_the_file_changes(tmp_path: Path) -> None:
+    run = _run(tmp_path / "r")
+    store = RunStore([tmp_path])
+    store.list_runs()
+    first = store.read_scalars(["r"], ["train/loss"])
+    assert store.read_scalars(["r"], ["train/loss"]) is first
+    assert store.frame("r") is store.frame("r")
+    assert list(first.index.names) == ["run", "kind", "step"] and list(first.columns) == [
+        "train/loss",
+        "time",
+    ]
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(
+            json.dumps(
+                {"kind": "step", "rollout_id": 3, "step": 3, "time": 20.0, "metrics": {"train/loss": -3}}
+            )
+            + "\n"
+        )
+    second = store.read_scalars(["r"], ["train/loss"])
+    assert second is not first and second.loc[("r", "step", 3), "train/loss"] == -3
+
+
+def test_miles_log_gives_the_run_dir_shape(tmp_path: Path) -> None:
+    """The log read directly equals a run directory whose metrics.jsonl holds the parsed records."""
+    shutil.copy(LOGS / "miles_plain.log", tmp_path / "plain.log")
+    records = [r.as_jsonl() for r in parse_file(LOGS / "miles_plain.log").records]
+    (tmp_path / "as-run").mkdir()
+    (tmp_path / "as-run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    store = RunStore([tmp_path])
+    both = store.read_scalars(["plain.log", "as-run"])
+    log, run = both.xs("plain.log", level="run"), both.xs("as-run", level="run")
+    pd.testing.assert_frame_equal(log, run)
+    assert sorted(set(log.index.get_level_values("kind"))) == ["perf", "rollout", "step"]
+    assert len(log) == 30  # the two perf lines of a rollout are one perf row, step lines deduplicated
+    assert log.loc[("perf", 0), "perf/step_time"] == 233.29494333267212  # trainer-side line
+    assert log.loc[("perf", 0), "perf/rollout_time"] > 50  # rollout-side line, same row
+    assert set(log.dtypes) == {pd.Series([1.0]).dtype}
+
+
+def test_miles_log_and_real_run_share_index_and_dtypes(ui_root: Path) -> None:
+    store = RunStore([ui_root])
+    store.list_runs()
+    ours, theirs = store.frame("a"), store.frame("logs/miles_plain.log")
+    assert ours.index.names == theirs.index.names == ["kind", "step"]
+    assert set(ours.index.get_level_values("kind")) == set(theirs.index.get_level_values("kind"))
+    assert all(str(d) == "float64" for d in [*ours.dtypes, *theirs.dtypes])
+    shared = {"rollout/raw_reward", "train/loss", "train/train_rollout_logprob_abs_diff", "perf/step_time"}
+    assert shared <= set(ours.columns) & set(theirs.columns)
+
+
+def test_config_events_rollouts_gpu_diagnose(ui_root: Path, tmp_path: Path) -> None:
+    store = RunStore([ui_root])
+    store.list_runs()
+    assert store.read_config("b")["seed"] == 7 and store.read_config("b")["run"]["seed"] == 7
+    assert store.read_config("logs/miles_plain.log")["flags"]["rollout-batch-size"] == "32"
+    assert store.read_events("a")[-1]["event"] == "status"
+    assert list(store.list_rollouts("a")) == [0, 1, 2, 3] and store.list_rollouts("b") == {}
+    rec = store.read_rollout("a", 2)
+    assert rec is not None and rec.rollout_id == 2 and len(rec.samples) == 8
+    assert store.read_rollout("a", 2) is rec and store.read_rollout("b", 0) is None
+    assert store.read_gpu("a").empty and store.read_diagnose("a") == []
+    run = _run(tmp_path / "g")
+    samples = [
+        {"time": 10.2, "gpu": 0, "temperature_c": 85, "throttle_reasons": ["thermal"]},
+        {"time": 11.0, "gpu": 0},
+    ]
+    (run / "gpu.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    gpu = RunStore([tmp_path]).read_gpu("g")
+    assert list(gpu["time"]) == [10.2, 11.0]
+
+
+def test_unknown_run_raises_key_error(tmp_path: Path) -> None:
+    with pytest.raises(KeyError, match="no run 'nope'"):
+        RunStore([tmp_path]).frame("nope")

@@ -1,0 +1,356 @@
+"""RunStore: the one read-only door the UI pages use to reach runs (TensorBoard DataProvider style).
+
+Sources under each RUNS_ROOT: our run directories (a folder holding run.json, metrics.jsonl,
+events.jsonl or ranks/) and foreign console logs (`*.log`, `*.out` files outside run
+directories: Miles/slime logs, read with `grpolab.core.foreign_logs`, the parser `grpolab gate`
+uses). Both come out in one shape: `read_scalars` → a frame indexed by (run, kind, step) where
+step is the train step for `step` rows and the rollout id for every other kind.
+
+Every file read is cached by (size, mtime_ns): a call returns the very same object until one
+of the files behind it changes. Caches are bounded (LRU). A half-written last line of a live run
+is skipped. Nothing here writes.
+
+Status of a run directory: the final `status` event's value (finished | failed | interrupted);
+without one, "running" when a rank heartbeat is younger than `heartbeat_timeout_s` (5 min), else
+"crashed"; "incomplete" when run.json is missing. A console log carries no status: "running" when
+it grew in the last 5 minutes, else "ended".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from grpolab.core.foreign_logs import ParsedLog, parse_file
+from grpolab.replay.recording import RolloutRecording, load_rollout
+from grpolab.ui import discovery, logprob_gap, readers
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One row of the runs table.
+
+    Attributes:
+        run_id: stable id (path relative to its RUNS_ROOT, prefixed by the root's name when
+            several roots are given).
+        source: "grpolab" (a run directory) or "miles log" (a console log).
+        status: finished | failed | interrupted | running | crashed | incomplete | ended.
+        steps: train steps logged (`step` rows; rollouts when a run logged no step).
+        last_reward: the last `rollout/raw_reward`, or None.
+        model / seed / start_time: from run.json (a log: from its launch command line and first
+            timestamp); None when unknown.
+        deterministic: run.json's environment.deterministic switches ({} for logs).
+        warnings: what the store noticed (no metric lines, skipped lines, missing run.json...).
+    """
+
+    run_id: str
+    name: str
+    path: Path
+    source: str
+    status: str
+    steps: int
+    last_reward: float | None
+    model: str | None
+    seed: int | None
+    start_time: float | None
+    deterministic: dict[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+class RunStore:
+    """Read-only access to the runs under one or more RUNS_ROOTs.
+
+    Args:
+        roots: run directories, log files, or folders holding them (searched 3 levels deep).
+        heartbeat_timeout_s: a run without a status event whose newest heartbeat is older is "crashed".
+        cache_entries: bound of each cache.
+    """
+
+    def __init__(
+        self, roots: Sequence[str | Path], *, heartbeat_timeout_s: float = 300.0, cache_entries: int = 256
+    ) -> None:
+        self.roots = [Path(r).expanduser() for r in roots]
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._files = readers.LRU(cache_entries)
+        self._scalars = readers.LRU(32)
+        self._recomputed = readers.LRU(16)
+        self._paths: dict[str, tuple[Path, str]] = {}
+        self.problems: list[str] = []
+
+    # ------------------------------------------------------------------ cached file access
+    def _cached(self, path: Path, kind: str, load: Callable[[Path], Any]) -> Any:
+        sig = readers.file_signature(path)
+        key = (kind, str(path))
+        hit = self._files.get(key)
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+        return self._files.put(key, (sig, load(path)))[1]
+
+    def _jsonl(self, path: Path) -> readers.JsonLines:
+        return self._cached(path, "jsonl", readers.read_jsonl)
+
+    def _json(self, path: Path) -> dict[str, Any] | None:
+        return self._cached(path, "json", readers.read_json)
+
+    def _log(self, path: Path) -> ParsedLog:
+        return self._cached(path, "log", parse_file)
+
+    # ------------------------------------------------------------------ discovery
+    def _discover(self) -> dict[str, tuple[Path, str]]:
+        self._paths, self.problems = discovery.discover(self.roots)
+        return self._paths
+
+    def _locate(self, run_id: str) -> tuple[Path, str]:
+        if run_id not in self._paths:
+            self._discover()
+        if run_id not in self._paths:
+            raise KeyError(f"no run {run_id!r} under {', '.join(map(str, self.roots))}")
+        return self._paths[run_id]
+
+    # ------------------------------------------------------------------ public API
+    def list_runs(self) -> list[RunInfo]:
+        """Every run and log under the roots (problems with the roots go to `self.problems`)."""
+        return [self._info(run_id, path, source) for run_id, (path, source) in self._discover().items()]
+
+    def frame(self, run_id: str) -> pd.DataFrame:
+        """One run's (kind, step) frame (metric columns + `time`); cached; do not mutate."""
+        path, source = self._locate(run_id)
+        if source == "miles log":
+            return self._cached(path, "log_frame", lambda p: readers.log_frame(self._log(p)))
+        return self._cached(
+            path / "metrics.jsonl",
+            "frame",
+            lambda p: readers.records_to_frame(self._jsonl(p).rows),
+        )
+
+    def read_scalars(self, run_ids: Sequence[str], keys: Sequence[str] | None = None) -> pd.DataFrame:
+        """Metrics of several runs → frame indexed by (run, kind, step), columns `keys` + `time`.
+
+        `keys=None` gives every metric. A key no run logged is left out. The result is cached
+        and is the same object until a file behind it changes; treat it as read-only.
+        """
+        sigs = tuple(self._signature(r) for r in run_ids)
+        cache_key = (tuple(run_ids), None if keys is None else tuple(keys), sigs)
+        hit = self._scalars.get(cache_key)
+        if hit is not None:
+            return hit
+        frames = [self.frame(r) for r in run_ids]
+        if keys is not None:
+            wanted = [*dict.fromkeys(keys), readers.TIME_COLUMN]
+            frames = [f[[k for k in wanted if k in f.columns]] for f in frames]
+        if frames:
+            out = pd.concat(frames, keys=list(run_ids), names=["run", *readers.INDEX_NAMES], sort=False)
+        else:
+            out = pd.concat([readers.empty_frame()], keys=["_"], names=["run", *readers.INDEX_NAMES]).iloc[:0]
+        return self._scalars.put(cache_key, out)
+
+    def _signature(self, run_id: str) -> tuple[int, int] | None:
+        path, source = self._locate(run_id)
+        return readers.file_signature(path if source == "miles log" else path / "metrics.jsonl")
+
+    def metric_keys(self, run_ids: Sequence[str]) -> list[str]:
+        """Sorted metric keys logged by any of the runs (without `time`)."""
+        keys: set[str] = set()
+        for r in run_ids:
+            keys.update(self.frame(r).columns)
+        keys.discard(readers.TIME_COLUMN)
+        return sorted(keys)
+
+    def read_run_json(self, run_id: str) -> dict[str, Any]:
+        """run.json of a run directory ({} when missing or a log)."""
+        path, source = self._locate(run_id)
+        return {} if source != "grpolab" else (self._json(path / "run.json") or {})
+
+    def read_config(self, run_id: str) -> dict[str, Any]:
+        """The resolved config: run.json `config` sections plus `seed`; a log: {"flags": {...}}."""
+        path, source = self._locate(run_id)
+        if source != "grpolab":
+            return {"flags": dict(self._log(path).flags)}
+        run = self.read_run_json(run_id)
+        config = dict(run.get("config") or {})
+        if "seed" in run:
+            config["seed"] = run["seed"]
+        return config
+
+    def read_events(self, run_id: str) -> list[dict[str, Any]]:
+        """events.jsonl objects in order ([] for logs or when missing)."""
+        path, source = self._locate(run_id)
+        return [] if source != "grpolab" else self._jsonl(path / "events.jsonl").rows
+
+    def list_rollouts(self, run_id: str) -> dict[int, Path]:
+        """Recorded rollouts of a run: rollout id → .grz path (events first, then rollouts/*.grz)."""
+        path, source = self._locate(run_id)
+        if source != "grpolab":
+            return {}
+        out: dict[int, Path] = {}
+        for ev in self.read_events(run_id):
+            if ev.get("event") == "rollout_recorded" and isinstance(ev.get("rollout_id"), int):
+                found = discovery.resolve_recording(path, str(ev.get("path", "")))
+                if found is not None:
+                    out[ev["rollout_id"]] = found
+        folder = path / "rollouts"
+        if folder.is_dir():
+            for f in sorted(folder.glob("*.grz")):
+                digits = "".join(ch for ch in f.stem if ch.isdigit())
+                if digits and "eval" not in f.stem and int(digits) not in out:
+                    out[int(digits)] = f
+        return dict(sorted(out.items()))
+
+    def read_rollout(self, run_id: str, rollout_id: int) -> RolloutRecording | None:
+        """The recorded rollout (`replay.recording.load_rollout`), or None when not recorded.
+
+        Raises:
+            RecordingError: the recording exists but is damaged.
+        """
+        path = self.list_rollouts(run_id).get(rollout_id)
+        return None if path is None else self._cached(path, "rollout", load_rollout)
+
+    def trainer_weights(self, run_id: str, rollout_id: int) -> logprob_gap.WeightsSource | str:
+        """Which trainer weights scored `rollout_id` (or why they are not on disk)."""
+        path, source = self._locate(run_id)
+        if source != "grpolab":
+            return "a console log has no recordings"
+        events = self.read_events(run_id)
+        return logprob_gap.weights_for_rollout(self.read_run_json(run_id), events, rollout_id, path)
+
+    def read_trainer_log_probs(self, run_id: str, rollout_id: int) -> list[np.ndarray] | None:
+        """Trainer per-token log-probs of a recorded rollout, recomputed (see `ui.logprob_gap`);
+        None when the recording or the weights are missing. Cached per recording and weights."""
+        recording = self.read_rollout(run_id, rollout_id)
+        weights = self.trainer_weights(run_id, rollout_id)
+        if recording is None or isinstance(weights, str):
+            return None
+        rec_path = self.list_rollouts(run_id)[rollout_id]
+        wfile = None if weights.weights is None else weights.weights / "model.safetensors"
+        key = (run_id, rollout_id, readers.file_signature(rec_path), wfile and readers.file_signature(wfile))
+        hit = self._recomputed.get(key)
+        if hit is None:
+            hit = self._recomputed.put(
+                key, logprob_gap.trainer_log_probs(self.read_run_json(run_id), recording.samples, weights)
+            )
+        return hit
+
+    def token_texts(self, run_id: str, token_ids: Sequence[int]) -> list[str] | None:
+        """Token ids decoded one by one with the run's tokenizer (None when it is not on disk)."""
+        key = ("tokens", run_id, tuple(token_ids))
+        hit = self._recomputed.get(key)
+        if hit is None:
+            path = self.run_path(run_id)
+            hit = self._recomputed.put(
+                key, logprob_gap.token_texts(self.read_run_json(run_id), path, list(token_ids)) or []
+            )
+        return hit or None
+
+    def step_records(self, run_id: str, rollout_id: int) -> list[dict[str, Any]]:
+        """metrics.jsonl `step` records of one rollout, in order ([] for logs)."""
+        path, source = self._locate(run_id)
+        if source != "grpolab":
+            return []
+        rows = self._jsonl(path / "metrics.jsonl").rows
+        return [r for r in rows if r.get("kind") == "step" and r.get("rollout_id") == rollout_id]
+
+    def read_gpu(self, run_id: str) -> pd.DataFrame:
+        """gpu.jsonl samples (time, throttle fields, ...) as a frame; empty when absent."""
+        path, source = self._locate(run_id)
+        rows = [] if source != "grpolab" else self._jsonl(path / "gpu.jsonl").rows
+        return pd.DataFrame(rows) if rows else pd.DataFrame({"time": pd.Series([], dtype="float64")})
+
+    def read_diagnose(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """JSON reports under RUN_DIR/diagnose/ (any depth): (relative path, object), sorted by path."""
+        path, source = self._locate(run_id)
+        folder = path / "diagnose"
+        if source != "grpolab" or not folder.is_dir():
+            return []
+        out = []
+        for f in sorted(folder.rglob("*.json")):
+            obj = self._json(f)
+            out.append((f.relative_to(path).as_posix(), obj if obj is not None else {"error": "unreadable"}))
+        return out
+
+    def run_path(self, run_id: str) -> Path:
+        """The run directory or log file behind `run_id`."""
+        return self._locate(run_id)[0]
+
+    # ------------------------------------------------------------------ summaries
+    def _info(self, run_id: str, path: Path, source: str) -> RunInfo:
+        if source == "miles log":
+            return self._log_info(run_id, path)
+        warnings: list[str] = []
+        run = self._json(path / "run.json")
+        metrics = self._jsonl(path / "metrics.jsonl")
+        if metrics.partial_last_line:
+            warnings.append("metrics.jsonl ends in a half-written line (skipped)")
+        if metrics.bad_lines:
+            warnings.append(f"metrics.jsonl lines {metrics.bad_lines[:5]} do not parse (skipped)")
+        frame = self.frame(run_id)
+        if run is None:
+            warnings.append("run.json is missing")
+            status = "incomplete"
+        else:
+            status = self._status(path)
+        config = (run or {}).get("config") or {}
+        env = (run or {}).get("environment") or {}
+        return RunInfo(
+            run_id=run_id,
+            name=str((run or {}).get("name") or path.name),
+            path=path,
+            source="grpolab",
+            status=status,
+            steps=readers.count_steps(frame),
+            last_reward=readers.last_value(frame, "rollout/raw_reward"),
+            model=(config.get("model") or {}).get("hf_checkpoint"),
+            seed=(run or {}).get("seed"),
+            start_time=(run or {}).get("start_time"),
+            deterministic=dict(env.get("deterministic") or {}),
+            warnings=tuple(warnings),
+        )
+
+    def _log_info(self, run_id: str, path: Path) -> RunInfo:
+        warnings: list[str] = []
+        try:
+            parsed = self._log(path)
+        except OSError as e:
+            return RunInfo(run_id, path.name, path, "miles log", "unreadable", 0, None, None, None, None,
+                           warnings=(f"cannot read: {e.strerror or e}",))  # fmt: skip
+        if not parsed.records:
+            warnings.append(f"no metric lines in {parsed.lines} lines (not a training log, or it died early)")
+        if parsed.unparsed:
+            warnings.append(f"{parsed.unparsed} metric line(s) did not parse (e.g. a half-written last line)")
+        sig = readers.file_signature(path)
+        recent = sig is not None and time.time() - sig[1] / 1e9 < self.heartbeat_timeout_s
+        frame = self.frame(run_id)
+        seed = parsed.flags.get("seed")
+        return RunInfo(
+            run_id=run_id,
+            name=path.stem,
+            path=path,
+            source="miles log",
+            status="running" if recent else "ended",
+            steps=readers.count_steps(frame),
+            last_reward=readers.last_value(frame, "rollout/raw_reward"),
+            model=parsed.flags.get("hf-checkpoint"),
+            seed=int(seed) if seed is not None and seed.isdigit() else None,
+            start_time=parsed.first_time,
+            warnings=tuple(warnings),
+        )
+
+    def _status(self, path: Path) -> str:
+        for ev in reversed(self._jsonl(path / "events.jsonl").rows):
+            if ev.get("event") == "status":
+                return str(ev.get("status", "unknown"))
+        beats = []
+        ranks = path / "ranks"
+        if ranks.is_dir():
+            for f in ranks.glob("*.json"):
+                hb = (self._json(f) or {}).get("heartbeat") or {}
+                if isinstance(hb.get("time"), int | float):
+                    beats.append(hb["time"])
+        if beats and time.time() - max(beats) < self.heartbeat_timeout_s:
+            return "running"
+        return "crashed"
