@@ -236,7 +236,9 @@ class GRPORun:
             if cfg.eval.eval_interval is not None and self.engine is not None:
                 self.evaluate(self.state.next_rollout_id)
             if self.actor is not None and cfg.ci.ci_save_model_hash:
-                weights = list(self.actor.named_weights())  # a collective on multi-rank runs: every rank gathers
+                weights = list(
+                    self.actor.named_weights()
+                )  # a collective on multi-rank runs: every rank gathers
                 self.harness.final_weights(weights)
             self.harness.finish()
             for action in self.faults.pending():
