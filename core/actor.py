@@ -113,21 +113,34 @@ class Actor:
     def _forward(
         self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Response-position log-probs [B, L] (float32) and entropies [B, L] of one micro-batch."""
-        logits_BLV = model(
+        """Response-position log-probs [B, L] (float32) and entropies [B, L] of one micro-batch.
+
+        Only the last K positions get logits (`logits_to_keep`, as TRL does), K = L − (earliest
+        response start) + 1, so the vocabulary-sized work skips the prompts; other positions hold 0.
+        Entropy needs no graph unless `--entropy-coef` trains on it.
+        """
+        B, L = mb.input_ids_BL.shape
+        starts = mb.response_mask_BL.float().argmax(dim=1)  # first response position per row
+        K = min(L, L - int(starts.min()) + 1)
+        logits_BKV = model(
             input_ids=mb.input_ids_BL,
             attention_mask=mb.attention_mask_BL,
             position_ids=mb.position_ids_BL,
             use_cache=False,
+            logits_to_keep=K,
         ).logits
-        log_probs_BL = algorithms.token_log_probs(
-            logits_BLV, mb.input_ids_BL, temperature=self.temperature, keep_mask_BLV=mb.keep_mask_BLV
+        keep_BKV = None if mb.keep_mask_BLV is None else mb.keep_mask_BLV[:, L - K :]
+        log_probs_BL = logits_BKV.new_zeros((B, L), dtype=torch.float32)
+        log_probs_BL[:, L - K :] = algorithms.token_log_probs(
+            logits_BKV, mb.input_ids_BL[:, L - K :], temperature=self.temperature, keep_mask_BLV=keep_BKV
         )
         entropy_BL = None
         if with_entropy:
             # entropy of the distribution that scores token t lives in logits row t-1 (unmasked support, as slime)
-            shifted_BLV = torch.cat([logits_BLV[:, :1], logits_BLV[:, :-1]], dim=1).float() / self.temperature
-            entropy_BL = algorithms.entropy_from_logits(shifted_BLV)
+            with torch.set_grad_enabled(torch.is_grad_enabled() and self.algo.entropy_coef != 0):
+                shifted_BKV = torch.cat([logits_BKV[:, :1], logits_BKV[:, :-1]], dim=1).float() / self.temperature
+                entropy_BL = logits_BKV.new_zeros((B, L), dtype=torch.float32)
+                entropy_BL[:, L - K :] = algorithms.entropy_from_logits(shifted_BKV)
         return log_probs_BL, entropy_BL
 
     @torch.no_grad()
