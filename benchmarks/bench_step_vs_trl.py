@@ -1,0 +1,285 @@
+"""GRPO step time by phase: grpolab's default `grpolab train` config vs TRL's GRPOTrainer.
+
+What it measures: wall time of one GRPO iteration (generate 64 completions, score, train one
+optimizer step) on the tiny fixture model, for
+
+  A. grpolab: the default `grpolab train` config (8 prompts × 8 samples, max response 32,
+     temperature 1.0, lr 2e-4, no KL, one optimizer step per rollout, micro-batch 16), timed from
+     the `perf` records the run writes to metrics.jsonl (phases: rollout, reward, log_probs,
+     ref_log_probs, actor_train, update_weights, ...);
+  B. TRL `GRPOTrainer` with the same GRPO settings (num_generations 8, 8 prompts per step = 64
+     completions, max_completion_length 32, temperature 1.0, top_p 1, top_k 0, lr 2e-4, beta 0,
+     epsilon 0.2, loss_type "grpo" (per-sequence mean, = grpolab's sample mean), scale_rewards
+     "group", AdamW betas (0.9, 0.98), grad clip 1.0, constant lr, one optimizer step per
+     generation batch via per_device_train_batch_size 16 × gradient_accumulation_steps 4, no
+     gradient checkpointing, fp32 on CPU), the same reward (grpolab.core.rewards.math_reward
+     against the `answer` label) and the same prompts in the same order (grpolab's rollout k
+     prompts = TRL's step k prompts, already chat-templated). Timed with a TrainerCallback from
+     on_step_begin to on_step_end; TRL's generate call is timed by wrapping it.
+
+Both run in this process at the same torch thread count (default 1: on a shared 2-core machine
+two threads per process make every op wait for a descheduled thread and the figures swing by
+5x; `--threads 2` matches the default run on a quiet machine). Repetitions alternate A B / B A;
+the first step of each repetition is dropped as warm-up; figures are medians over the rest.
+
+Goal: grpolab step time ≤ 0.5 × TRL's.
+
+Run:  python benchmarks/bench_step_vs_trl.py [--rollouts 5] [--reps 2] [--threads N]
+Needs `trl` (and `datasets`) installed; runs in about 2-4 minutes on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, median, read_metrics  # noqa: E402
+
+from grpolab.cli import build_parser, config_from_args  # noqa: E402
+from grpolab.core.data import PromptDataset, rollout_prompt_indices  # noqa: E402
+from grpolab.core.loop import GRPORun  # noqa: E402
+from grpolab.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
+from grpolab.core.rewards import math_reward  # noqa: E402
+
+
+def mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else float("nan")
+
+
+def grpolab_config(rollouts: int, threads: int, run_dir: str):
+    argv = ["train", "--num-rollout", str(rollouts), "--num-threads", str(threads), "--no-progress"]
+    return config_from_args(build_parser().parse_args([*argv, "--run-dir", run_dir])), argv
+
+
+def run_grpolab(rollouts: int, threads: int, workdir: Path) -> list[dict[str, float]]:
+    """One default run; returns the perf record of every rollout after the first."""
+    run_dir = workdir / f"grpolab-{time.monotonic_ns()}"
+    config, argv = grpolab_config(rollouts, threads, str(run_dir))
+    run = GRPORun.create(config, ["grpolab", *argv])
+    for h in logging.getLogger("grpolab").handlers:  # keep console.log, silence stdout
+        if getattr(h, "_grpolab_stdout", False):
+            h.setLevel(logging.WARNING)
+    run.run()
+    perf = [r["metrics"] for r in read_metrics(run_dir, "perf")]
+    rollouts_ = [r["metrics"] for r in read_metrics(run_dir, "rollout")]
+    for p, r in zip(perf, rollouts_):  # per-rollout task figures, for the same-task sanity line
+        p["reward"], p["length"] = r["rollout/raw_reward"], r["rollout/response_lengths"]
+    return perf[1:]
+
+
+def trl_prompts(rollouts: int, threads: int, workdir: Path) -> list[dict[str, str]]:
+    """The prompts of grpolab rollouts 0..rollouts-1, in order, as TRL rows {prompt, answer}."""
+    config, _ = grpolab_config(rollouts, threads, str(workdir / "unused"))
+    tok = load_tokenizer(config.model.hf_checkpoint)
+    ds = PromptDataset(
+        config.data.prompt_data,
+        tok,
+        input_key=config.data.input_key,
+        label_key=config.data.label_key,
+        apply_chat_template=config.data.apply_chat_template,
+    )
+    rows = []
+    for rid in range(rollouts):
+        for i in rollout_prompt_indices(
+            num_rows=len(ds),
+            rollout_id=rid,
+            rollout_batch_size=config.rollout.rollout_batch_size,
+            seed=config.run.seed,
+            shuffle=config.data.rollout_shuffle,
+        ):
+            p = ds[i]
+            # TRL tokenizes plain-text prompts with add_special_tokens=True: make sure that is the same.
+            assert list(tok(p.text)["input_ids"]) == p.prompt_ids, "TRL would see different prompt ids"
+            rows.append({"prompt": p.text, "answer": p.label})
+    return rows
+
+
+def run_trl(rows: list[dict[str, str]], steps: int, threads: int, workdir: Path) -> list[dict[str, float]]:
+    """TRL GRPOTrainer on the same config; returns per-step timings after the first step."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(threads)
+    config, _ = grpolab_config(steps, threads, str(workdir / "unused"))
+    rc, oc, ac = config.rollout, config.optimizer, config.algorithm
+    assert oc.global_batch_size == rc.samples_per_rollout  # one optimizer step per rollout
+    assert not ac.use_kl_loss and not ac.calculate_per_token_loss
+
+    def reward_fn(prompts, completions, answer, **_):
+        return [math_reward(c, a) for c, a in zip(completions, answer)]
+
+    reward_fn.__name__ = "math_reward"
+    args = GRPOConfig(
+        output_dir=str(workdir / f"trl-{time.monotonic_ns()}"),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        gradient_checkpointing=False,
+        max_steps=steps,
+        seed=config.run.seed,
+        shuffle_dataset=False,  # rows are already in grpolab's rollout order
+        per_device_train_batch_size=oc.micro_batch_size,
+        gradient_accumulation_steps=rc.samples_per_rollout // oc.micro_batch_size,
+        num_generations=rc.n_samples_per_prompt,
+        max_completion_length=rc.rollout_max_response_len,
+        temperature=rc.rollout_temperature,
+        top_p=rc.rollout_top_p,
+        top_k=rc.rollout_top_k,
+        learning_rate=oc.lr,
+        adam_beta1=oc.adam_beta1,
+        adam_beta2=oc.adam_beta2,
+        adam_epsilon=oc.adam_eps,
+        weight_decay=oc.weight_decay,
+        max_grad_norm=oc.clip_grad,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        beta=0.0,
+        epsilon=ac.eps_clip,
+        epsilon_high=ac.eps_clip_high,
+        num_iterations=1,
+        loss_type="grpo",
+        scale_rewards="group",
+        log_completions=False,
+    )
+    assert args.generation_batch_size == rc.samples_per_rollout, args.generation_batch_size
+    model = load_causal_lm(config.model.hf_checkpoint, dtype=torch.float32)
+    tokenizer = load_tokenizer(config.model.hf_checkpoint)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_fn,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+    )
+    gen_seconds: list[float] = []
+    inner = trainer._generate_single_turn
+
+    def timed_generate(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return inner(*a, **kw)
+        finally:
+            gen_seconds.append(time.perf_counter() - t0)
+
+    trainer._generate_single_turn = timed_generate
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.begin = 0.0
+            self.steps: list[dict[str, float]] = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.begin = time.perf_counter()
+            gen_seconds.clear()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.steps.append(
+                {"step_time": time.perf_counter() - self.begin, "generate_time": sum(gen_seconds)}
+            )
+
+    timer = StepTimer()
+    trainer.remove_callback(PrinterCallback)  # disable_tqdm would print every log dict
+    trainer.add_callback(timer)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    for step, h in zip(timer.steps, logged):  # per-step task figures, for the same-task sanity line
+        step["reward"], step["length"] = float(h["reward"]), float(h["completions/mean_length"])
+    return timer.steps[1:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rollouts", type=int, default=5, help="rollouts (= TRL steps) per repetition")
+    ap.add_argument("--reps", type=int, default=2, help="A/B repetitions (order alternates)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for both sides (default 1: robust on a shared machine; "
+        f"{torch.get_num_threads()} = torch's default here)",
+    )
+    opts = ap.parse_args()
+    missing = [m for m in ("trl", "datasets") if importlib.util.find_spec(m) is None]
+    if missing:
+        sys.exit(f"bench_step_vs_trl needs {' and '.join(missing)}: pip install trl")
+    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.set_num_threads(opts.threads)
+    load0 = os.getloadavg()[0]
+    ours: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+        work = Path(tmp)
+        rows = trl_prompts(opts.rollouts, opts.threads, work)
+        for rep in range(opts.reps):
+            order = ("grpolab", "trl") if rep % 2 == 0 else ("trl", "grpolab")
+            for who in order:
+                t0 = time.perf_counter()
+                if who == "grpolab":
+                    got = run_grpolab(opts.rollouts, opts.threads, work)
+                    ours += got
+                    med = median([p["perf/step_time"] for p in got])
+                else:
+                    got = run_trl(rows, opts.rollouts, opts.threads, work)
+                    theirs += got
+                    med = median([s["step_time"] for s in got])
+                print(
+                    f"rep {rep} {who:8s}: {len(got)} timed steps, median {med:.3f} s/step "
+                    f"({time.perf_counter() - t0:.1f} s incl. setup)",
+                    flush=True,
+                )
+
+    our_step = median([p["perf/step_time"] for p in ours])
+    trl_step = median([s["step_time"] for s in theirs])
+    trl_gen = median([s["generate_time"] for s in theirs])
+    our_roll = median([p["perf/rollout_time"] for p in ours])
+    print()
+    print(f"ratio grpolab/TRL step time: {our_step / trl_step:.3f}x   (goal <= 0.5x)")
+    print(f"ratio grpolab/TRL rollout (generate) time: {our_roll / trl_gen:.3f}x")
+    print(
+        f"ratio grpolab/TRL non-generation time: {(our_step - our_roll) / max(trl_step - trl_gen, 1e-9):.3f}x"
+    )
+    print(
+        f"same task: mean reward grpolab {mean([p['reward'] for p in ours]):.3f} vs TRL "
+        f"{mean([s['reward'] for s in theirs]):.3f}, mean response length {mean([p['length'] for p in ours]):.1f} "
+        f"vs {mean([s['length'] for s in theirs]):.1f} tokens (same prompts, different sampling streams)"
+    )
+    print()
+    print(
+        f"context: {machine()}, torch threads {opts.threads}, torch {torch.__version__}, "
+        f"load avg at start {load0:.2f}, at end {os.getloadavg()[0]:.2f}"
+    )
+    print(f"  grpolab median step {our_step:.3f} s over {len(ours)} steps; phases (median s, share of step):")
+    phases = sorted(
+        {k for p in ours for k in p if k.endswith("_time")} - {"perf/step_time", "perf/train_time"}
+    )
+    for key in sorted(phases, key=lambda k: -median([p.get(k, 0.0) for p in ours])):
+        m = median([p.get(key, 0.0) for p in ours])
+        print(f"    {key[5:-5]:15s} {m:8.3f}  {m / our_step:6.1%}")
+    print(f"    {'train (sum)':15s} {median([p['perf/train_time'] for p in ours]):8.3f}")
+    print(f"    tokens/s (engine) {median([p.get('perf/rollout_tokens_per_sec', 0.0) for p in ours]):.0f}")
+    print(f"  TRL median step {trl_step:.3f} s over {len(theirs)} steps:")
+    print(f"    {'generate':15s} {trl_gen:8.3f}  {trl_gen / trl_step:6.1%}")
+    print(f"    {'rest':15s} {trl_step - trl_gen:8.3f}  {(trl_step - trl_gen) / trl_step:6.1%}")
+
+
+if __name__ == "__main__":
+    main()
