@@ -7,33 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import SMALL, events, run
 
 from grpolab.checkers.errors import CheckFailure
 from grpolab.checkers.kl import check_kl
 from grpolab.checkers.logprobs import check_logprobs
-from grpolab.cli import build_parser, config_from_args, main
+from grpolab.cli import main
 from grpolab.core.actor import Actor
-from grpolab.core.loop import train
-
-SMALL = [
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--rollout-max-response-len",
-    "24",
-    "--no-progress",
-]
-
-
-def run(tmp: Path, name: str, *extra: str) -> Path:
-    argv = ["train", *SMALL, "--run-dir", str(tmp / name), *extra]
-    return train(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv])
-
-
-def events(run_dir: Path, name: str | None = None) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    return [r for r in rows if name is None or r["event"] == name]
 
 
 def test_healthy_ci_run_passes_every_checker(tmp_path: Path) -> None:

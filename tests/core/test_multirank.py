@@ -14,16 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-SMALL = [
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--rollout-max-response-len",
-    "24",
-    "--no-progress",
-]
+from runs import SMALL, metrics
 
 
 def grpolab(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -31,11 +22,6 @@ def grpolab(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "grpolab", *argv], capture_output=True, text=True, timeout=timeout, env=env
     )
-
-
-def records(run_dir: Path, kind: str) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["metrics"] for r in rows if r["kind"] == kind]
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +53,10 @@ def test_two_ranks_train_with_gloo(recorded: Path) -> None:
     assert sorted(p.name for p in (run / "ranks").iterdir()) == ["0.json", "1.json"]
     pids = {json.loads((run / "ranks" / f"{r}.json").read_text())["pid"] for r in (0, 1)}
     assert len(pids) == 2
-    steps = records(run, "step")
+    steps = metrics(run, "step")
     assert [s["train/step"] for s in steps] == [0.0, 1.0]  # logged once, by rank 0
     assert steps[0]["train/ppo_kl"] == 0.0 and steps[0]["train/pg_clipfrac"] == 0.0
-    rollout0 = records(run, "rollout")[0]
+    rollout0 = metrics(run, "rollout")[0]
     assert rollout0["rollout/response_lengths"] > 0 and 0 <= rollout0["rollout/raw_reward"] <= 1
     assert "rollout 0: {" in out.stdout and out.stdout.count("rollout 0: {") == 1  # printed once
 
@@ -96,7 +82,7 @@ def test_det_backend_world_sizes_agree_bitwise(recorded: Path) -> None:
     h2 = json.loads((recorded / "det2" / "checks" / "model_hash_final.json").read_text())
     assert h1 == h2 and len(h1) == 5
     assert json.loads((recorded / "det2" / "run.json").read_text())["backend"] == "det_gloo"
-    for a, b in zip(records(recorded / "det1", "step"), records(recorded / "det2", "step")):
+    for a, b in zip(metrics(recorded / "det1", "step"), metrics(recorded / "det2", "step")):
         assert {k: v for k, v in a.items() if k != "train/grad_norm"} == {
             k: v for k, v in b.items() if k != "train/grad_norm"
         }

@@ -6,32 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from runs import SMALL, records, run
 
-from grpolab.cli import build_parser, config_from_args, main
+from grpolab.cli import main
 from grpolab.core import checkpoint
-from grpolab.core.loop import train
-
-SMALL = [
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--rollout-max-response-len",
-    "24",
-    "--micro-batch-size",
-    "8",
-    "--no-progress",
-]
-
-
-def run(tmp: Path, name: str, *extra: str) -> Path:
-    argv = ["train", *SMALL, "--run-dir", str(tmp / name), *extra]
-    return train(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv])
-
-
-def records(run_dir: Path, kind: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 @pytest.fixture(scope="module")

@@ -7,29 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from runs import SMALL, events, metrics, run
 
-from grpolab.cli import build_parser, config_from_args, main
-from grpolab.core.loop import train
-
-SMALL = [
-    "--rollout-batch-size",
-    "4",
-    "--n-samples-per-prompt",
-    "4",
-    "--rollout-max-response-len",
-    "24",
-    "--no-progress",
-]
-
-
-def run(tmp: Path, name: str, *extra: str) -> Path:
-    argv = ["train", *SMALL, "--run-dir", str(tmp / name), *extra]
-    return train(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv])
-
-
-def metrics(run_dir: Path, kind: str) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["metrics"] for r in rows if r["kind"] == kind]
+from grpolab.cli import main
 
 
 def weight_hashes(ckpt: Path) -> dict[str, str]:
@@ -37,10 +17,6 @@ def weight_hashes(ckpt: Path) -> dict[str, str]:
         p.parent.name: hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(ckpt.glob("iter_*/model.safetensors"))
     }
-
-
-def events(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,43 @@
+"""Helpers the end-to-end tests share: a small run shape, running `grpolab train`, reading run files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from grpolab.cli import build_parser, config_from_args
+from grpolab.core.loop import train
+
+SMALL = [
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "4",
+    "--rollout-max-response-len",
+    "24",
+    "--no-progress",
+]
+"""4 prompts × 4 answers, 24 tokens: a few seconds per rollout on the tiny model."""
+
+
+def run(tmp: Path, name: str, *extra: str) -> Path:
+    """`grpolab train SMALL --run-dir tmp/name *extra` in this process; returns the run directory."""
+    argv = ["train", *SMALL, "--run-dir", str(tmp / name), *extra]
+    return train(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv])
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    """Whole metrics.jsonl records of one kind (rollout | step | perf | eval)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def metrics(run_dir: Path, kind: str) -> list[dict]:
+    """The `metrics` dicts of one kind, in order."""
+    return [r["metrics"] for r in records(run_dir, kind)]
+
+
+def events(run_dir: Path, name: str | None = None) -> list[dict]:
+    """events.jsonl records, all or those named `name`."""
+    rows = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [r for r in rows if name is None or r["event"] == name]
