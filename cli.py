@@ -407,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
             print(f"grpolab train: error: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:
+            print("grpolab train: interrupted; the run directory's last event says so", file=sys.stderr)
+            return 130
     return 0
 
 

@@ -26,6 +26,10 @@ from grpolab.core.dist import DistContext, all_reduce_sum, full_tensor, shard_mo
 from grpolab.core.modeling import load_causal_lm
 
 
+class NonFiniteError(RuntimeError):
+    """The loss or gradient norm of an optimizer step is NaN or infinite."""
+
+
 @dataclass(kw_only=True)
 class LogProbs:
     """Per-sample float32 [R] log-probs (and entropies when asked) of response tokens."""
@@ -138,7 +142,9 @@ class Actor:
         if with_entropy:
             # entropy of the distribution that scores token t lives in logits row t-1 (unmasked support, as slime)
             with torch.set_grad_enabled(torch.is_grad_enabled() and self.algo.entropy_coef != 0):
-                shifted_BKV = torch.cat([logits_BKV[:, :1], logits_BKV[:, :-1]], dim=1).float() / self.temperature
+                shifted_BKV = (
+                    torch.cat([logits_BKV[:, :1], logits_BKV[:, :-1]], dim=1).float() / self.temperature
+                )
                 entropy_BL = logits_BKV.new_zeros((B, L), dtype=torch.float32)
                 entropy_BL[:, L - K :] = algorithms.entropy_from_logits(shifted_BKV)
         return log_probs_BL, entropy_BL
@@ -273,6 +279,12 @@ class Actor:
         sums = all_reduce_sum(sums, self.dist)
         max_norm = self.opt_cfg.clip_grad if self.opt_cfg.clip_grad > 0 else math.inf
         grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if not (math.isfinite(float(grad_norm)) and math.isfinite(sums["train/loss"])):
+            self.model.zero_grad(set_to_none=True)
+            raise NonFiniteError(
+                f"step {step}: train/loss = {sums['train/loss']}, train/grad_norm = {float(grad_norm)}; stopped before "
+                "the optimizer step so the weights stay finite (lower --lr, check rewards and --train-dtype)"
+            )
         if apply_update and self.optimizer is not None:
             self.optimizer.step()
             assert self.scheduler is not None

@@ -72,14 +72,24 @@ def save_checkpoint(parent: str | Path, actor: Actor, state: TrainerState) -> Pa
 
 
 def find_latest(parent: str | Path) -> Path | None:
-    """The newest complete iteration directory under `parent`, or None when there is none.
+    """The newest complete iteration directory under `parent` (or `parent` itself if it is one), or None.
+
+    None means an empty directory: the run starts fresh.
 
     Raises:
-        CheckpointError: when the latest-file names a directory that does not exist.
+        CheckpointError: the latest-file names a directory that does not exist, or iteration
+            directories exist without a latest-file.
     """
     parent = Path(parent)
+    if (parent / "trainer_state.json").exists():
+        return parent  # an iteration directory itself
     latest = parent / LATEST_FILE
     if not latest.exists():
+        iters = sorted(p.name for p in parent.glob("iter_*") if p.is_dir())
+        if iters:
+            raise CheckpointError(
+                f"--load: {parent} has {', '.join(iters[-3:])} but no {LATEST_FILE}; pass one iteration directory to --load"
+            )
         return None
     text = latest.read_text().strip()
     if not text.isdigit():
@@ -94,10 +104,19 @@ def load_checkpoint(path: str | Path, actor: Actor, *, model_fingerprint: str) -
     """Restore weights, optimizer, scheduler and RNG into `actor`; return the counters.
 
     Raises:
-        CheckpointError: when the checkpoint was made from another model (fingerprint or tensor
-            names/shapes differ), naming the directory and the differing fields.
+        CheckpointError: the checkpoint was made from another model (fingerprint or tensor
+            names/shapes differ), or one of its files is missing or unreadable (names the file).
     """
     path = Path(path)
+    try:
+        return _load_checkpoint(path, actor, model_fingerprint=model_fingerprint)
+    except CheckpointError:
+        raise
+    except Exception as e:  # truncated safetensors, empty .pt, edited json: say which checkpoint
+        raise CheckpointError(f"--load: {path} is unreadable ({type(e).__name__}: {e})") from e
+
+
+def _load_checkpoint(path: Path, actor: Actor, *, model_fingerprint: str) -> TrainerState:
     state = TrainerState(**json.loads((path / "trainer_state.json").read_text()))
     if state.model_fingerprint != model_fingerprint:
         raise CheckpointError(

@@ -16,7 +16,7 @@ FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures"
 DEFAULT_CHECKPOINT = FIXTURES_DIR / "tiny-qwen3"
 DEFAULT_PROMPT_DATA = FIXTURES_DIR / "data" / "arithmetic_train.jsonl"
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPE_NAMES = ("float32", "bfloat16")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -50,6 +50,13 @@ class ModelConfig:
             self.device.split(":")[0] in ("cpu", "cuda"),
             f"--device must be cpu or cuda[:N], got {self.device!r}",
         )
+        if self.device.startswith("cuda"):
+            import torch
+
+            _require(
+                torch.cuda.is_available(),
+                f"--device {self.device}: this torch build or machine has no CUDA device",
+            )
 
 
 @dataclass(kw_only=True)
@@ -237,6 +244,19 @@ class CheckpointConfig:
             f"--save-interval must be >= 1, got {self.save_interval}",
         )
         _require(self.save_interval is None or self.save is not None, "--save-interval needs --save DIR")
+        from pathlib import Path as _Path
+
+        if self.save is not None:
+            _require(
+                not _Path(self.save).is_file(),
+                f"--save {self.save}: is a file; expected a directory for checkpoints",
+            )
+        if self.load is not None:
+            load = _Path(self.load)
+            _require(
+                load.is_dir(),
+                f"--load {self.load}: no such directory (give the --save directory of a run; an existing empty directory starts fresh)",
+            )
 
 
 @dataclass(kw_only=True)
@@ -426,6 +446,15 @@ class RunConfig:
     show_progress: bool = True
     debug_deterministic_collective: bool = False
     """`--debug-deterministic-collective`: det_gloo/det_nccl backend, deterministic algorithms, 1 thread unless --num-threads."""
+
+    def __post_init__(self) -> None:
+        _require(
+            0 <= self.seed < 2**63, f"--seed must be a non-negative integer below 2**63, got {self.seed}"
+        )
+        _require(
+            self.num_threads is None or self.num_threads >= 1,
+            f"--num-threads must be >= 1, got {self.num_threads}",
+        )
 
 
 @dataclass(kw_only=True)

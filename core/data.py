@@ -91,6 +91,15 @@ class PromptDataset:
                     raise ValueError(
                         f"{flag} {key!r}: row {i} of {path} has no such field (fields: {sorted(row)})"
                     )
+                if row[key] is None:
+                    raise ValueError(f"{flag} {key!r}: row {i} of {path} is null")
+            content = row[input_key]
+            if isinstance(content, list) and not apply_chat_template:
+                raise ValueError(
+                    f"--input-key {input_key!r}: row {i} of {path} is a list of chat messages; pass --apply-chat-template"
+                )
+            if isinstance(content, str) and not content.strip():
+                raise ValueError(f"--input-key {input_key!r}: row {i} of {path} is an empty prompt")
         if apply_chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("--apply-chat-template: the tokenizer of --hf-checkpoint has no chat template")
         self.tokenizer = tokenizer

@@ -15,7 +15,9 @@ trainer, `--load-debug-rollout-data` builds no engine and trains on recordings,
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,7 +193,13 @@ class GRPORun:
         return run
 
     def _maybe_resume(self) -> None:
-        load = self.cfg.checkpoint.load
+        load, save = self.cfg.checkpoint.load, self.cfg.checkpoint.save
+        continuing = load is not None and save is not None and Path(load).resolve() == Path(save).resolve()
+        if save is not None and not continuing and (Path(save) / checkpoint.LATEST_FILE).exists():
+            raise ValueError(
+                f"--save {save} already holds another run's checkpoints; pass --load {save} to continue that run "
+                "or choose another --save (they would be overwritten)"
+            )
         if load is None:
             return
         if self.actor is None:
@@ -217,6 +225,7 @@ class GRPORun:
     def run(self) -> Path:
         """Run the remaining rollouts; return the run directory. The last event is always `status`."""
         cfg = self.cfg
+        _interrupt_on_sigterm()
         try:
             log.info(f"grpolab train: run directory {self.run_dir.path}")
             self.harness.first_sync(self.engine, self._sync_weights, resumed=self.state.resumed)
@@ -418,6 +427,16 @@ class GRPORun:
         self.run_dir.log_metrics(
             kind, index if rollout_id is None else rollout_id, metrics, step=index if kind == "step" else None
         )
+
+
+def _interrupt_on_sigterm() -> None:
+    """Treat SIGTERM (`timeout`, a scheduler) like Ctrl-C, so the final status event is written."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def train(config: Config, argv: list[str] | None = None) -> Path:

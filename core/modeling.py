@@ -102,7 +102,8 @@ def model_fingerprint(path: str | Path) -> str:
             h.update(f.read(1 << 20))
     else:
         config = AutoConfig.from_pretrained(str(directory), local_files_only=True).to_dict()
-        config.pop("transformers_version", None)
+        for key in ("transformers_version", "_name_or_path", "name_or_path", "_commit_hash"):
+            config.pop(key, None)  # where the model lives is not what the model is
         h.update(json.dumps(config, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
 

@@ -1,0 +1,118 @@
+"""Bad input found by a fresh-user pass: each gets a clear error naming the flag or file, before work is lost."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from runs import SMALL, events, run
+
+from grpolab.cli import main
+from grpolab.core import checkpoint
+from grpolab.core.data import PromptDataset
+from grpolab.core.modeling import load_tokenizer, model_fingerprint
+
+
+def test_model_fingerprint_ignores_where_the_model_lives(tiny_model_dir: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(tiny_model_dir, copy)
+    assert (
+        model_fingerprint(copy)
+        == model_fingerprint(tiny_model_dir)
+        == model_fingerprint(tiny_model_dir.resolve())
+    )
+    config = json.loads((copy / "config.json").read_text())
+    config["rms_norm_eps"] = 1e-5
+    (copy / "config.json").write_text(json.dumps(config))
+    assert model_fingerprint(copy) != model_fingerprint(tiny_model_dir)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--load", "/nonexistent/ckpt"], "--load /nonexistent/ckpt: no such directory"),
+        (["--seed", "-1"], "--seed must be a non-negative integer"),
+        (["--train-dtype", "float16"], "--train-dtype must be one of"),
+        (["--device", "cuda"], "has no CUDA device"),
+    ],
+)
+def test_flags_rejected_at_parse_time(argv: list[str], needle: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", *argv])
+    assert needle in capsys.readouterr().err
+
+
+def test_load_and_save_paths(tmp_path: Path, capsys) -> None:
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(SystemExit):
+        main(["train", "--load", str(tmp_path / "a_file")])
+    assert "no such directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--save", str(tmp_path / "a_file")])
+    assert "is a file" in capsys.readouterr().err
+    orphan = tmp_path / "orphan"
+    (orphan / "iter_0000002").mkdir(parents=True)
+    with pytest.raises(checkpoint.CheckpointError, match="no latest_checkpointed_iteration.txt"):
+        checkpoint.find_latest(orphan)
+    (orphan / "iter_0000002" / "trainer_state.json").write_text("{}")
+    assert (
+        checkpoint.find_latest(orphan / "iter_0000002") == orphan / "iter_0000002"
+    )  # an iteration dir loads directly
+
+
+def test_checkpoints_of_another_run_are_not_overwritten_and_corrupt_ones_are_named(
+    tmp_path: Path, capsys
+) -> None:
+    ck = tmp_path / "ck"
+    run(tmp_path, "first", "--num-rollout", "1", "--save", str(ck))
+    before = (ck / "iter_0000001" / "model.safetensors").read_bytes()
+    code = main(
+        [
+            "train",
+            *SMALL,
+            "--num-rollout",
+            "1",
+            "--save",
+            str(ck),
+            "--seed",
+            "9",
+            "--run-dir",
+            str(tmp_path / "second"),
+        ]
+    )
+    assert code == 2 and "already holds another run's checkpoints" in capsys.readouterr().err
+    assert (ck / "iter_0000001" / "model.safetensors").read_bytes() == before
+    (ck / "iter_0000001" / "model.safetensors").write_bytes(before[:100])  # truncated
+    code = main(
+        ["train", *SMALL, "--num-rollout", "2", "--load", str(ck), "--run-dir", str(tmp_path / "third")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and f"--load: {ck / 'iter_0000001'} is unreadable" in err
+    assert events(tmp_path / "third")[-1]["status"] == "failed"
+
+
+def test_non_finite_training_stops_before_the_optimizer_step(tmp_path: Path, capsys) -> None:
+    code = main(["train", *SMALL, "--num-rollout", "3", "--lr", "1e6", "--run-dir", str(tmp_path / "nan")])
+    err = capsys.readouterr().err
+    assert code == 2 and "stopped before the optimizer step so the weights stay finite" in err
+    assert events(tmp_path / "nan")[-1]["status"] == "failed"
+
+
+def test_prompt_rows_are_validated_up_front(tiny_model_dir: Path, tmp_path: Path) -> None:
+    tok = load_tokenizer(tiny_model_dir)
+    cases = [
+        ({"question": "1+1?", "answer": None}, False, "--label-key 'answer': row 1 of .* is null"),
+        (
+            {"question": [{"role": "user", "content": "hi"}], "answer": "1"},
+            False,
+            "list of chat messages; pass --apply-chat-template",
+        ),
+        ({"question": "   ", "answer": "1"}, True, "row 1 of .* is an empty prompt"),
+    ]
+    for bad_row, chat, pattern in cases:
+        path = tmp_path / "p.jsonl"
+        path.write_text(json.dumps({"question": "2+2?", "answer": "4"}) + "\n" + json.dumps(bad_row) + "\n")
+        with pytest.raises(ValueError, match=pattern):
+            PromptDataset(path, tok, input_key="question", label_key="answer", apply_chat_template=chat)
