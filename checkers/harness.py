@@ -152,14 +152,18 @@ class CheckHarness:
 
     def after_checkpoint(self, iter_dir: Path, weights: Callable[[], list[tuple[str, torch.Tensor]]]) -> None:
         if self.ci.ci_save_model_hash:
-            path = model_hash.save_model_hash(iter_dir, model_hash.layer_hashes(weights()), rank=0)
+            path = model_hash.save_model_hash(
+                iter_dir, model_hash.layer_hashes(weights()), rank=self.run_dir.rank
+            )
             self.run_dir.event("model_hash_saved", path=str(path))
 
     def after_load(self, iter_dir: Path, weights: Callable[[], list[tuple[str, torch.Tensor]]]) -> None:
         if self.ci.ci_check_model_hash:
             self._run(
                 "model_hash",
-                lambda: model_hash.check_model_hash(iter_dir, model_hash.layer_hashes(weights()), rank=0),
+                lambda: model_hash.check_model_hash(
+                    iter_dir, model_hash.layer_hashes(weights()), rank=self.run_dir.rank
+                ),
                 path=str(iter_dir),
             )
 

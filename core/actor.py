@@ -320,6 +320,49 @@ class Actor:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    def local_named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, this rank's shard) for every distinct weight; equal to `named_weights` on one rank (no collective)."""
+        seen: set[int] = set()
+        for name, tensor in self.model.state_dict().items():
+            local = getattr(tensor, "_local_tensor", tensor)
+            if local.data_ptr() in seen:
+                continue
+            seen.add(local.data_ptr())
+            yield name, local.detach()
+
+    def optimizer_state(self) -> dict | None:
+        """The optimizer state to checkpoint; multi-rank: gathered in full on rank 0 (a collective)."""
+        if self.optimizer is None:
+            return None
+        if not self.dist.distributed:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+
+    def load_state(self, weights: dict[str, torch.Tensor], optimizer_state: dict | None) -> None:
+        """Load full weights (HF names) and, when given, the full optimizer state saved by `optimizer_state`."""
+        if not self.dist.distributed:
+            with torch.no_grad():
+                for name, tensor in self.local_named_weights():
+                    tensor.copy_(weights[name])
+            if optimizer_state is not None and self.optimizer is not None:
+                self.optimizer.load_state_dict(optimizer_state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, strict=False)  # tied weights are saved once
+        set_model_state_dict(self.model, weights, options=options)
+        if optimizer_state is not None and self.optimizer is not None:
+            set_optimizer_state_dict(
+                self.model, self.optimizer, optim_state_dict=optimizer_state, options=options
+            )
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, full tensor) for every distinct weight, tied weights once (what the engine sync sends).
 

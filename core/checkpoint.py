@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from grpolab.core.actor import Actor
 from grpolab.core.atomic import atomic_write_bytes
+from grpolab.core.dist import barrier
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 
@@ -45,16 +46,24 @@ def iteration_dir(parent: str | Path, next_rollout_id: int) -> Path:
 
 
 def save_checkpoint(parent: str | Path, actor: Actor, state: TrainerState) -> Path:
-    """Write one checkpoint atomically; return its directory."""
+    """Write one checkpoint atomically; return its directory.
+
+    Multi-rank: every rank calls it (gathering weights and optimizer state are collectives); rank 0
+    writes full tensors, so a checkpoint loads at any world size with the same optimizer layout.
+    """
     parent = Path(parent)
-    parent.mkdir(parents=True, exist_ok=True)
     final = iteration_dir(parent, state.next_rollout_id)
+    weights = {name: t.detach().cpu().contiguous() for name, t in actor.named_weights()}
+    optimizer_state = actor.optimizer_state()
+    if not actor.dist.is_primary:
+        barrier(actor.dist)  # rank 0 writes; return once the directory is in place
+        return final
+    parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{final.name}."))
     try:
-        weights = {name: t.detach().cpu().contiguous() for name, t in actor.named_weights()}
         save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-        if actor.optimizer is not None and actor.scheduler is not None:
-            torch.save(actor.optimizer.state_dict(), tmp / "optimizer.pt")
+        if optimizer_state is not None and actor.scheduler is not None:
+            torch.save(optimizer_state, tmp / "optimizer.pt")
             torch.save(actor.scheduler.state_dict(), tmp / "scheduler.pt")
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
@@ -68,6 +77,7 @@ def save_checkpoint(parent: str | Path, actor: Actor, state: TrainerState) -> Pa
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     atomic_write_bytes(parent / LATEST_FILE, f"{state.next_rollout_id}\n".encode())
+    barrier(actor.dist)
     return final
 
 
@@ -135,13 +145,11 @@ def _load_checkpoint(path: Path, actor: Actor, *, model_fingerprint: str) -> Tra
         raise CheckpointError(
             f"--load: {path} does not fit --hf-checkpoint: missing {missing[:5]}, unexpected {unexpected[:5]}, shape mismatches {wrong[:5]}"
         )
-    with torch.no_grad():
-        for name, tensor in own.items():
-            tensor.copy_(weights[name])
+    optimizer_state = None
     if actor.optimizer is not None and (path / "optimizer.pt").exists():
-        actor.optimizer.load_state_dict(
-            torch.load(path / "optimizer.pt", weights_only=True, map_location=actor.device)
-        )
+        optimizer_state = torch.load(path / "optimizer.pt", weights_only=True, map_location=actor.device)
+    actor.load_state(weights, optimizer_state)
+    if optimizer_state is not None:
         assert actor.scheduler is not None
         actor.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     rng = torch.load(path / "rng.pt", weights_only=True)

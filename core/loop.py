@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from grpolab.checkers.faults import FaultInjector, parse_fault_actions
+from grpolab.checkers.faults import FaultAction, FaultInjector, parse_fault_actions
 from grpolab.checkers.harness import CheckHarness
 from grpolab.core import checkpoint
 from grpolab.core.actor import Actor
@@ -82,9 +82,7 @@ class GRPORun:
             rank=self.dist.rank,
             world_size=self.dist.world_size,
             on_stop_engine=None if debug.debug_train_only else self._stop_engine,
-            on_fire=lambda action, rollout_id: run_dir.event(
-                "fault", action=action.action, rollout_id=rollout_id, rank=action.rank
-            ),
+            on_fire=self._record_fault,
         )
         self.engine: TorchEngine | None = None
         if not debug.debug_train_only:
@@ -177,10 +175,6 @@ class GRPORun:
         if not ctx.is_primary:
             run_dir = RunDirectory(path, rank=ctx.rank)
         try:
-            if ctx.world_size > 1 and (config.checkpoint.save or config.checkpoint.load):
-                raise ValueError(
-                    "--save/--load: checkpoints of multi-rank runs are not supported yet; run with one rank"
-                )
             if config.rollout.rollout_batch_size % ctx.world_size:
                 raise ValueError(
                     f"--rollout-batch-size {config.rollout.rollout_batch_size} must be divisible by the world size {ctx.world_size}"
@@ -212,7 +206,7 @@ class GRPORun:
             self.run_dir.event("resume", found=False, load=str(load))
             return
         restored = checkpoint.load_checkpoint(latest, self.actor, model_fingerprint=self.fingerprint)
-        self.harness.after_load(latest, lambda: list(self.actor.named_weights()))
+        self.harness.after_load(latest, lambda: list(self.actor.local_named_weights()))
         self.state = RunState(
             next_rollout_id=restored.next_rollout_id, weight_version=restored.weight_version - 1, resumed=True
         )
@@ -389,6 +383,11 @@ class GRPORun:
             self.state.weight_version = version
         self.run_dir.event("weight_update", weight_version=version, buckets=stats.buckets, bytes=stats.bytes)
 
+    def _record_fault(self, action: FaultAction, rollout_id: int) -> None:
+        """A fault about to fire: an event (rank 0) and the firing rank's heartbeat, which every rank writes."""
+        self.run_dir.event("fault", action=action.action, rollout_id=rollout_id, rank=action.rank)
+        self.run_dir.heartbeat(f"fault:{action.action}", rollout_id)
+
     def _stop_engine(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
@@ -417,7 +416,7 @@ class GRPORun:
         )
         with self.timer("save_model"):
             path = checkpoint.save_checkpoint(ckpt.save, self.actor, state)
-            self.harness.after_checkpoint(path, lambda: list(self.actor.named_weights()))
+            self.harness.after_checkpoint(path, lambda: list(self.actor.local_named_weights()))
         self.run_dir.event("checkpoint", rollout_id=rollout_id, path=str(path))
 
     def _emit(

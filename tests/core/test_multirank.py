@@ -91,3 +91,70 @@ def test_det_backend_world_sizes_agree_bitwise(recorded: Path) -> None:
         )  # sharded vs full norm bracketing
     base = json.loads((recorded / "det1" / "run.json").read_text())["environment"]["deterministic"]
     assert base["use_deterministic_algorithms"] is True and base["torch_num_threads"] == 1
+
+
+def test_two_rank_checkpoint_resumes_bitwise_with_per_rank_hashes(recorded: Path) -> None:
+    ck = recorded / "ck2"
+    common = ["--nproc-per-node", "2", *SMALL, "--num-rollout", "3", "--debug-deterministic-collective"]
+    full = grpolab(
+        "train",
+        *common,
+        "--save",
+        str(ck),
+        "--save-interval",
+        "2",
+        "--ci-save-model-hash",
+        "--run-dir",
+        str(recorded / "full2"),
+    )
+    assert full.returncode == 0, full.stderr[-3000:]
+    assert sorted(p.name for p in (ck / "iter_0000002").glob("model_hash_rank*.json")) == [
+        "model_hash_rank0.json",
+        "model_hash_rank1.json",
+    ]
+    (ck / "latest_checkpointed_iteration.txt").write_text("2\n")
+    resumed = grpolab(
+        "train",
+        *common,
+        "--load",
+        str(ck),
+        "--save",
+        str(ck),
+        "--ci-check-model-hash",
+        "--run-dir",
+        str(recorded / "resumed2"),
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [m["rollout/step"] for m in metrics(recorded / "resumed2", "rollout")] == [2.0]
+    assert metrics(recorded / "resumed2", "rollout")[0] == metrics(recorded / "full2", "rollout")[2]
+    assert metrics(recorded / "resumed2", "step")[0] == metrics(recorded / "full2", "step")[2]
+
+
+def test_crash_before_allreduce_on_one_rank_ends_the_world(recorded: Path) -> None:
+    actions = '[{"at_rollout": 1, "action": "crash_before_allreduce", "rank": 1}]'
+    out = grpolab(
+        "train",
+        "--nproc-per-node",
+        "2",
+        *SMALL,
+        "--num-rollout",
+        "3",
+        "--ci-ft-test-actions",
+        actions,
+        "--run-dir",
+        str(recorded / "crash"),
+    )
+    assert out.returncode != 0
+    assert "injecting crash_before_allreduce on rank 1 at rollout 1" in out.stderr
+    rank1 = json.loads((recorded / "crash" / "ranks" / "1.json").read_text())
+    assert (
+        rank1["heartbeat"]["phase"] == "fault:crash_before_allreduce"
+        and rank1["heartbeat"]["rollout_id"] == 1
+    )
+    assert (
+        len(metrics(recorded / "crash", "step")) == 1
+    )  # rollout 0 trained, rollout 1 never reached the reduction
+    last = [json.loads(line) for line in (recorded / "crash" / "events.jsonl").read_text().splitlines()][-1]
+    assert (
+        last["event"] == "status" and last["status"] in ("failed", "interrupted") and last["rollout_id"] == 1
+    )
