@@ -87,9 +87,11 @@ class CheckHarness:
             log.info(f"numeric guard (rollout {rollout_id}): {f.code}: {f.message}")
             self.run_dir.event("numeric_guard", rollout_id=rollout_id, code=f.code, message=f.message)
         if findings and self.ci.ci_test:
-            text = "\n".join(f"{f.code}: {f.message}" for f in findings)
-            self._verdict("numeric_guard", False, rollout_id=rollout_id, message=text)
-            raise CheckFailure("numeric_guard", f"rollout {rollout_id}:\n{text}")
+            self._run(
+                "numeric_guard",
+                lambda: numeric_guard.raise_on_findings(findings, rollout_id=rollout_id),
+                rollout_id=rollout_id,
+            )
 
     def after_rollout_line(
         self,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,12 +112,6 @@ def shard_model(model: torch.nn.Module, ctx: DistContext, device: str) -> torch.
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a (possibly FSDP-sharded) DTensor; a collective on every rank."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def full_named_tensors(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) pairs; every rank must iterate the same names in the same order."""
-    for name, t in named:
-        yield name, full_tensor(t)
 
 
 def shutdown(ctx: DistContext) -> None:

@@ -116,17 +116,14 @@ def summary_row(
     perf: dict[str, float],
 ) -> str:
     """One compact human row per rollout, e.g. `[3/8] reward 0.42 len 11.2 trunc 0.00 kl 0.0012 gap 0.0001 step 1.9s`."""
-    last = steps[-1] if steps else {}
-    if not steps:  # --debug-rollout-only: no trainer numbers to show
-        return (
-            f"[{rollout_id + 1}/{num_rollout}] reward {rollout['rollout/raw_reward']:.3f}"
-            f" len {rollout['rollout/response_lengths']:.1f} trunc {rollout['rollout/truncated']:.2f}"
-            f" step {perf.get('perf/step_time', 0.0):.2f}s"
-        )
-    return (
+    row = (
         f"[{rollout_id + 1}/{num_rollout}] reward {rollout['rollout/raw_reward']:.3f}"
         f" len {rollout['rollout/response_lengths']:.1f} trunc {rollout['rollout/truncated']:.2f}"
-        f" loss {last.get('train/loss', float('nan')):+.4f} ppo_kl {last.get('train/ppo_kl', float('nan')):.2e}"
-        f" gap {last.get('train/train_rollout_logprob_abs_diff', float('nan')):.2e}"
-        f" grad {last.get('train/grad_norm', float('nan')):.3f} step {perf.get('perf/step_time', 0.0):.2f}s"
     )
+    if steps:  # none under --debug-rollout-only: no trainer numbers to show
+        last = steps[-1]
+        row += (
+            f" loss {last['train/loss']:+.4f} ppo_kl {last['train/ppo_kl']:.2e}"
+            f" gap {last['train/train_rollout_logprob_abs_diff']:.2e} grad {last['train/grad_norm']:.3f}"
+        )
+    return row + f" step {perf.get('perf/step_time', 0.0):.2f}s"
