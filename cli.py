@@ -246,6 +246,20 @@ TRAIN_FLAGS: list[tuple[str, str, str, Any, str]] = [
         "numeric guard: largest allowed |advantage|",
     ),
     ("--ci-ft-test-actions", "ci", "ci_ft_test_actions", str, "JSON list of fault-injection actions"),
+    (
+        "--engine-failure-timeout",
+        "rollout",
+        "engine_failure_timeout",
+        float,
+        "seconds of failed engine calls before the run stops (default 60)",
+    ),
+    (
+        "--gpu-sample-interval",
+        "run",
+        "gpu_sample_interval",
+        float,
+        "seconds between GPU samples in gpu.jsonl (0 disables; default 1)",
+    ),
     ("--run-dir", "run", "run_dir", str, "run directory (default runs/<time>-s<seed>)"),
     ("--seed", "run", "seed", int, "run seed"),
     (
@@ -317,6 +331,22 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return Config(**{name: cls(**sections[name]) for name, cls in SECTIONS.items()})
 
 
+def add_hash_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `hash diff A B [--json]` to an argparse subparsers object (sets `args.command = "hash"`)."""
+    parser = subparsers.add_parser("hash", help="per-layer model hashes: find where two checkpoints differ")
+    sub = parser.add_subparsers(dest="hash_command", required=True)
+    diff = sub.add_parser(
+        "diff",
+        help="first differing layer between two checkpoints (exit 0 identical, 1 different, 2 bad input)",
+    )
+    for side in ("a", "b"):
+        diff.add_argument(
+            side, metavar=side.upper(), help="checkpoint iter_<N> dir, HF model dir, or .safetensors file"
+        )
+    diff.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpolab", description="A GRPO trainer built for debugging and reproducing RL runs."
@@ -330,12 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.ui.launch import add_ui_parser
 
     add_ui_parser(sub)
-    from grpolab.checkers.model_hash import add_hash_parser
-
     add_hash_parser(sub)
     from grpolab.checkers.gate import add_gate_parser
 
     add_gate_parser(sub)
+    from grpolab.diagnose.cli import add_diagnose_parsers
+
+    add_diagnose_parsers(sub)
     return parser
 
 
@@ -388,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
         from grpolab.ui.launch import run_ui_command
 
         return run_ui_command(args)
+    if args.command in ("diagnose", "watchdog"):
+        from grpolab.diagnose.cli import run_diagnose_command
+
+        return run_diagnose_command(args)
     if args.command == "train":
         from grpolab.core.loop import train
 

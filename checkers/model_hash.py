@@ -410,22 +410,6 @@ def diff_to_json(diff: HashDiff) -> dict[str, Any]:
     }
 
 
-def add_hash_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `hash diff A B [--json]` to an argparse subparsers object (sets `args.command = "hash"`)."""
-    parser = subparsers.add_parser("hash", help="per-layer model hashes: find where two checkpoints differ")
-    sub = parser.add_subparsers(dest="hash_command", required=True)
-    diff = sub.add_parser(
-        "diff",
-        help="first differing layer between two checkpoints (exit 0 identical, 1 different, 2 bad input)",
-    )
-    for side in ("a", "b"):
-        diff.add_argument(
-            side, metavar=side.upper(), help="checkpoint iter_<N> dir, HF model dir, or .safetensors file"
-        )
-    diff.add_argument("--json", action="store_true", help="print the result as JSON")
-    return parser
-
-
 def run_hash_command(
     args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:

@@ -8,6 +8,7 @@ stores as the resolved config.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,8 +98,15 @@ class RolloutConfig:
     """`--rollout-top-p`."""
     rollout_top_k: int = 0
     """`--rollout-top-k` (0 disables; Miles uses -1 for the same)."""
+    engine_failure_timeout: float = 60.0
+    """`--engine-failure-timeout`: seconds of failed engine calls and health checks before the run stops
+    with an error naming the engine (never retry forever: Miles 101 manual, section 1.2)."""
 
     def __post_init__(self) -> None:
+        _require(
+            0 < self.engine_failure_timeout < math.inf,
+            f"--engine-failure-timeout must be a finite number of seconds > 0, got {self.engine_failure_timeout}",
+        )
         _require(self.num_rollout >= 1, f"--num-rollout must be >= 1, got {self.num_rollout}")
         _require(
             self.rollout_batch_size >= 1, f"--rollout-batch-size must be >= 1, got {self.rollout_batch_size}"
@@ -446,6 +454,9 @@ class RunConfig:
     show_progress: bool = True
     debug_deterministic_collective: bool = False
     """`--debug-deterministic-collective`: det_gloo/det_nccl backend, deterministic algorithms, 1 thread unless --num-threads."""
+    gpu_sample_interval: float = 1.0
+    """`--gpu-sample-interval`: seconds between NVML samples written to `gpu.jsonl` (0 disables;
+    nothing is sampled without an NVIDIA driver)."""
 
     def __post_init__(self) -> None:
         _require(
@@ -454,6 +465,10 @@ class RunConfig:
         _require(
             self.num_threads is None or self.num_threads >= 1,
             f"--num-threads must be >= 1, got {self.num_threads}",
+        )
+        _require(
+            0 <= self.gpu_sample_interval < math.inf,
+            f"--gpu-sample-interval must be a finite number of seconds >= 0, got {self.gpu_sample_interval}",
         )
 
 

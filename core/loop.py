@@ -33,14 +33,16 @@ from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset
 from grpolab.core.dist import DistContext, all_gather_objects, barrier, init_distributed, shutdown
 from grpolab.core.engine.base import SamplingParams
+from grpolab.core.engine.client import EngineClient
 from grpolab.core.engine.torch_engine import TorchEngine
 from grpolab.core.evaluation import evaluate
 from grpolab.core.metrics import PhaseTimer, format_line, rollout_metrics, summary_row
 from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
 from grpolab.core.rollout import RolloutProducer
-from grpolab.core.rundir import RunDirectory, setup_console_logging
+from grpolab.core.rundir import RunDirectory, describe_exception, setup_console_logging
 from grpolab.core.seeding import seed_everything
 from grpolab.core.weight_sync import sync_weights
+from grpolab.diagnose.gpu import start_run_sampler
 from grpolab.replay.recording import chat_template_hash, tokenizer_fingerprint
 from grpolab.replay.replayer import RolloutRecorder, RunIdentity
 
@@ -84,15 +86,19 @@ class GRPORun:
             on_stop_engine=None if debug.debug_train_only else self._stop_engine,
             on_fire=self._record_fault,
         )
-        self.engine: TorchEngine | None = None
+        # every rollout/sync/eval call goes through the client (fails after --engine-failure-timeout);
+        # torch_engine is kept for what only the in-process engine has (weights_checker, last_stats, shutdown)
+        self.engine: EngineClient | None = None
+        self.torch_engine: TorchEngine | None = None
         if not debug.debug_train_only:
             rollout_dtype = parse_dtype(cfg.model.rollout_dtype, "--rollout-dtype")
-            self.engine = TorchEngine(
+            self.torch_engine = TorchEngine(
                 cfg.model.hf_checkpoint,
                 dtype=rollout_dtype,
                 device=cfg.model.device,
                 show_progress=cfg.run.show_progress,
             )
+            self.engine = EngineClient(self.torch_engine, failure_timeout=cfg.rollout.engine_failure_timeout)
         self.actor: Actor | None = None
         if not debug.debug_rollout_only:
             self.actor = Actor(
@@ -182,6 +188,7 @@ class GRPORun:
             run = cls(config, run_dir, ctx)
             run._maybe_resume()
         except BaseException as e:
+            run_dir.heartbeat("error", None, error=describe_exception(e))
             run_dir.finish("failed", error=f"{type(e).__name__}: {e}")
             raise
         return run
@@ -220,9 +227,11 @@ class GRPORun:
         """Run the remaining rollouts; return the run directory. The last event is always `status`."""
         cfg = self.cfg
         _interrupt_on_sigterm()
+        interval = cfg.run.gpu_sample_interval
+        gpu_sampler = start_run_sampler(self.run_dir.path, interval) if self.dist.is_primary else None
         try:
             log.info(f"grpolab train: run directory {self.run_dir.path}")
-            self.harness.first_sync(self.engine, self._sync_weights, resumed=self.state.resumed)
+            self.harness.first_sync(self.torch_engine, self._sync_weights, resumed=self.state.resumed)
             self.run_dir.event("startup_sync", **self.timer.pop())
             for rollout_id in range(self.state.next_rollout_id, cfg.rollout.num_rollout):
                 if self._eval_due(rollout_id):
@@ -252,10 +261,14 @@ class GRPORun:
             self.run_dir.finish("interrupted", rollout_id=self.state.next_rollout_id)
             raise
         except BaseException as e:
+            self.run_dir.heartbeat("error", self.state.next_rollout_id, error=describe_exception(e))
             self.run_dir.finish(
                 "failed", rollout_id=self.state.next_rollout_id, error=f"{type(e).__name__}: {e}"
             )
             raise
+        finally:
+            if gpu_sampler is not None:
+                gpu_sampler.stop()
         self.run_dir.finish("finished", rollouts=self.state.next_rollout_id)
         shutdown(self.dist)
         return self.run_dir.path
@@ -297,8 +310,8 @@ class GRPORun:
             perf.get(f"perf/{k}_time", 0.0) for k in ("log_probs", "ref_log_probs", "actor_train")
         )
         perf["perf/step_time"] = time.perf_counter() - start
-        if self.engine is not None and "perf/rollout_time" in perf:
-            perf["perf/rollout_tokens_per_sec"] = float(self.engine.last_stats.get("tokens_per_s", 0.0))
+        if self.torch_engine is not None and "perf/rollout_time" in perf:
+            perf["perf/rollout_tokens_per_sec"] = float(self.torch_engine.last_stats.get("tokens_per_s", 0.0))
         self._emit("perf", rollout_id, perf)
         log.info(summary_row(rollout_id, cfg.rollout.num_rollout, rollout_line, steps, perf))
         self.faults.maybe_fire("end_of_rollout", rollout_id)
@@ -389,8 +402,8 @@ class GRPORun:
         self.run_dir.heartbeat(f"fault:{action.action}", rollout_id)
 
     def _stop_engine(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
+        if self.torch_engine is not None:
+            self.torch_engine.shutdown(reason="fault injection stop_engine_at_end")
             self.run_dir.event("engine_stopped", reason="fault injection stop_engine_at_end")
 
     def _eval_due(self, rollout_id: int) -> bool:

@@ -64,6 +64,14 @@ def environment_fingerprint() -> dict[str, Any]:
     }
 
 
+def describe_exception(exc: BaseException, *, tail_frames: int = 3) -> str:
+    """`Type: message` plus the innermost `tail_frames` traceback lines, for a rank file's "error"."""
+    import traceback
+
+    frames = traceback.format_tb(exc.__traceback__)[-tail_frames:] if exc.__traceback__ else []
+    return f"{type(exc).__name__}: {exc}" + ("\n" + "".join(frames).rstrip() if frames else "")
+
+
 class RunDirectory:
     """Writer for one rank's files in a run directory.
 
@@ -145,18 +153,24 @@ class RunDirectory:
             self.mirror_events_to.mkdir(parents=True, exist_ok=True)
             self._append("events.jsonl", record, self.mirror_events_to)
 
-    def heartbeat(self, phase: str, rollout_id: int | None, step: int | None = None) -> None:
-        """Rewrite `ranks/<rank>.json` with pid, host, role and the current phase."""
-        atomic_write_json(
-            self.path / "ranks" / f"{self.rank}.json",
-            {
-                "rank": self.rank,
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "role": "actor+rollout",
-                "heartbeat": {"phase": phase, "rollout_id": rollout_id, "step": step, "time": time.time()},
-            },
-        )
+    def heartbeat(
+        self, phase: str, rollout_id: int | None, step: int | None = None, *, error: str | None = None
+    ) -> None:
+        """Rewrite `ranks/<rank>.json` with pid, host, role and the current phase.
+
+        `error` (exception type, message and a short traceback tail) is stored as "error" so
+        `grpolab diagnose hang` can show which rank failed and why.
+        """
+        record: dict[str, Any] = {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "role": "actor+rollout",
+            "heartbeat": {"phase": phase, "rollout_id": rollout_id, "step": step, "time": time.time()},
+        }
+        if error is not None:
+            record["error"] = error
+        atomic_write_json(self.path / "ranks" / f"{self.rank}.json", record)
 
     def finish(self, status: str, **fields: Any) -> None:
         """Write the final `status` event (finished | failed | interrupted) and close console.log."""

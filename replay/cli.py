@@ -12,13 +12,14 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
 from grpolab.replay.format import MAGIC, RecordingError
-from grpolab.replay.miles_import import convert_miles, load_miles_pt, miles_samples
-from grpolab.replay.recording import FINGERPRINT_FIELDS, RolloutRecording, load_rollout
+
+if TYPE_CHECKING:
+    from grpolab.replay.recording import RolloutRecording
 
 
 def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -49,6 +50,8 @@ def run_replay_command(
     err = err or sys.stderr
     try:
         if args.replay_command == "convert":
+            from grpolab.replay.miles_import import convert_miles
+
             n = convert_miles(args.input, args.output, reward_key=args.reward_key)
             print(f"wrote {args.output} ({n} bytes)", file=out)
             return 0
@@ -68,6 +71,9 @@ def run_replay_command(
 
 
 def _load_any(path: Path, reward_key: str | None) -> RolloutRecording:
+    from grpolab.replay.miles_import import load_miles_pt, miles_samples
+    from grpolab.replay.recording import RolloutRecording, load_rollout
+
     if not path.is_file():
         raise RecordingError(f"{path}: no such recording")
     with open(path, "rb") as f:
@@ -138,6 +144,8 @@ def inspect_file(
         seed_line = "none"
     p(f"run seed: {rec.run_seed}   sample seeds: {seed_line}")
     p("sampler: " + (", ".join(f"{k}={v}" for k, v in rec.sampler.items()) or "(not recorded)"))
+    from grpolab.replay.recording import FINGERPRINT_FIELDS
+
     for k in FINGERPRINT_FIELDS:
         p(f"{k}: {getattr(rec, k) or '(not recorded)'}")
     if rec.train_config:

@@ -9,13 +9,14 @@ one optimizer step. A NaN cell counts as "not logged".
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from grpolab.diagnose import gpu as gpu_rules
 
 NAMESPACES = ("rollout/", "train/", "perf/", "eval/")
 """Metric namespaces offered on the Compare page (Miles' names)."""
@@ -210,32 +211,23 @@ def config_diff(configs: dict[str, dict[str, Any]]) -> pd.DataFrame:
 
 
 def throttle_times(gpu: pd.DataFrame) -> np.ndarray:
-    """Unix times of GPU samples marked as throttled (fields `throttle`, `throttled` truthy or a
-    non-empty `throttle_reasons`), sorted; empty when the run has no gpu.jsonl or no mark."""
+    """Unix times (s) of gpu.jsonl samples that saw a thermal or power throttle, sorted; empty when
+    the run has no gpu.jsonl or no throttle.
+
+    The rule is grpolab.diagnose.gpu.sample_is_throttled: the `throttle` field when set, else the
+    thermal/power names in `throttle_reasons` (gpu_idle and clock settings are not throttles).
+    """
     if gpu.empty or "time" not in gpu.columns:
         return np.array([], dtype=float)
-    marked = pd.Series(False, index=gpu.index)
-    for col in ("throttle", "throttled"):
-        if col in gpu.columns:
-            marked |= gpu[col].fillna(False).astype(bool)
-    if "throttle_reasons" in gpu.columns:
-        marked |= gpu["throttle_reasons"].map(_nonempty)
-    return np.sort(gpu.loc[marked, "time"].to_numpy(dtype=float))
-
-
-def _nonempty(value: Any) -> bool:
-    if isinstance(value, list | tuple | dict | str):
-        return len(value) > 0
-    return (
-        isinstance(value, int | float) and not (isinstance(value, float) and math.isnan(value)) and value != 0
-    )
+    return np.asarray(gpu_rules.throttle_times(gpu.to_dict("records")), dtype=float)
 
 
 def clean_steps(frame: pd.DataFrame, marks: np.ndarray) -> pd.Series:
     """Which perf rows are clean: no throttle mark inside [time − perf/step_time, time].
 
-    Manual 5.3's timing rule: a step counts when its window overlaps no pause. The window ends at
-    the perf line's time and lasts `perf/step_time` (`perf/rollout_time` when no step time).
+    Manual 5.3's timing rule (grpolab.diagnose.gpu.clean_step_mask, no margin): a step counts when
+    its window overlaps no throttle. The window ends at the perf line's time and lasts
+    `perf/step_time` (`perf/rollout_time` when no step time; a NaN length counts as 0).
 
     Args:
         frame: one run's (kind, step) frame (or the run's slice of read_scalars).
@@ -247,11 +239,8 @@ def clean_steps(frame: pd.DataFrame, marks: np.ndarray) -> pd.Series:
     if ("perf" not in frame.index.get_level_values("kind")) or "time" not in frame.columns:
         return pd.Series(dtype=bool)
     perf = frame.xs("perf", level="kind")
-    end = perf["time"].to_numpy(float)
     length = perf.get("perf/step_time", perf.get("perf/rollout_time"))
     span = length.to_numpy(float) if length is not None else np.zeros(len(perf))
-    if len(marks) == 0:
-        return pd.Series(True, index=perf.index)
-    lo = np.searchsorted(marks, end - np.nan_to_num(span), side="left")
-    hi = np.searchsorted(marks, end, side="right")
-    return pd.Series((hi <= lo) & ~np.isnan(end), index=perf.index)
+    ends = perf["time"].to_numpy(float).tolist()
+    clean = gpu_rules.clean_step_mask(ends, span.tolist(), np.asarray(marks, dtype=float).tolist())
+    return pd.Series(clean, index=perf.index, dtype=bool)

@@ -1,7 +1,9 @@
 """The rollout-engine protocol and the data it exchanges.
 
 One protocol for every engine (the in-process torch engine, an HTTP engine such as SGLang):
-`generate`, `update_weights`, `release_memory` / `resume_memory`, `flush_cache`, `health`.
+`generate`, `update_weights`, `release_memory` / `resume_memory`, `flush_cache`, `health`, plus a
+`name` and `log_tail` for error messages. The trainer calls an engine through `client.EngineClient`,
+which retries failed calls while the engine recovers and gives up after `--engine-failure-timeout`.
 """
 
 from __future__ import annotations
@@ -89,6 +91,11 @@ class EngineHealth:
 class RolloutEngine(Protocol):
     """What the trainer needs from a rollout engine."""
 
+    @property
+    def name(self) -> str:
+        """A short human name for messages, e.g. "torch engine (tiny-qwen3, cpu)"."""
+        ...
+
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         """Generate one response per request, in request order."""
         ...
@@ -111,4 +118,9 @@ class RolloutEngine(Protocol):
 
     def health(self) -> EngineHealth:
         """Report liveness and the current weight version."""
+        ...
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        """The engine's last `n` log lines, oldest first (what it did: start, weight updates, memory
+        release/resume, shutdown), for error messages when the engine stops answering."""
         ...

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,9 @@ from grpolab.core.modeling import load_causal_lm
 
 _TINY = torch.finfo(torch.float32).tiny
 _NOISE_BLOCK = 1 << 16  # uniforms drawn per row per generator call: C = clamp(2**16 // V, 1, 32) steps
+LOG_LINES = 200
+"""How many lines the engine's in-memory log keeps (grpolab's: enough for one error message's tail
+and a run's recent weight updates; the oldest lines are dropped)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,12 +107,14 @@ class TorchEngine:
     """In-process rollout engine over a Hugging Face causal LM (CPU or CUDA).
 
     Attributes:
+        name: "torch engine (<checkpoint dir name>, <device>)", for messages.
         model: the engine's own model (eval mode, no grads).
         device: where generation runs (weights live on CPU while memory is released).
         weight_version: last version passed to `update_weights` (0 before any update).
         memory_released: True between `release_memory()` and `resume_memory()`.
         last_stats: after each `generate`: `tokens` (generated tokens), `seconds` (wall time of
             prefill + decode), `tokens_per_s`.
+        stopped: True after `shutdown()`; `stop_reason` says why.
     """
 
     def __init__(
@@ -130,6 +136,8 @@ class TorchEngine:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
         self.dtype = dtype
+        self.name = f"torch engine ({Path(checkpoint).name}, {self.device})"
+        self._log: deque[str] = deque(maxlen=LOG_LINES)
         self.max_batch_size = max_batch_size
         self.show_progress = show_progress
         self.model = load_causal_lm(checkpoint, dtype=dtype, device=self.device)
@@ -150,7 +158,20 @@ class TorchEngine:
         self.weight_version = 0
         self.memory_released = False
         self.stopped = False
+        self.stop_reason = ""
         self.last_stats: dict[str, float] = {"tokens": 0, "seconds": 0.0, "tokens_per_s": 0.0}
+        n_params = sum(p.numel() for p in self.model.parameters())
+        self._note(
+            f"started with model {checkpoint} ({n_params:,} parameters), dtype {dtype}, device {self.device}"
+        )
+
+    def _note(self, line: str) -> None:
+        """Append one line, stamped with UTC wall time, to the bounded in-memory log."""
+        self._log.append(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {line}")
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        """The last `n` lines (at most `LOG_LINES`) of what this engine did, oldest first."""
+        return list(self._log)[-n:] if n > 0 else []
 
     # ------------------------------------------------------------------ generation
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
@@ -167,7 +188,7 @@ class TorchEngine:
         if self.memory_released:
             raise RuntimeError("TorchEngine.generate: memory is released; call resume_memory() first")
         if self.stopped:
-            raise RuntimeError("TorchEngine.generate: the engine was shut down (shutdown() was called)")
+            raise RuntimeError(f"TorchEngine.generate: the engine was shut down ({self.stop_reason})")
         for i, req in enumerate(requests):
             if not req.prompt_ids:
                 raise ValueError(f"TorchEngine.generate: request {i} has an empty prompt")
@@ -185,6 +206,7 @@ class TorchEngine:
             "seconds": seconds,
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         }
+        self._note(f"generated {len(requests)} samples, {tokens} tokens in {seconds:.2f} s")
         return results
 
     def _forward(
@@ -309,6 +331,8 @@ class TorchEngine:
         with torch.no_grad():
             for name, tensor in named_tensors:
                 targets[name].copy_(tensor.detach())
+        if weight_version != self.weight_version:  # one line per version, not per bucket
+            self._note(f"weight update to version {weight_version}")
         self.weight_version = weight_version
         return self.weight_version
 
@@ -360,10 +384,16 @@ class TorchEngine:
             f"weights_checker: unknown action {action!r}; expected snapshot, reset_tensors or compare"
         )
 
-    def shutdown(self) -> None:
-        """Stop the engine: later `generate` calls raise and `health()` reports not ok."""
+    def shutdown(self, reason: str = "shutdown() was called") -> None:
+        """Stop the engine: later `generate` calls raise and `health()` reports not ok.
+
+        `reason` ends up in the log ("shut down by <reason>"), in `health().detail` and in the
+        error of later `generate` calls.
+        """
         self.flush_cache()
         self.stopped = True
+        self.stop_reason = reason
+        self._note(f"shut down by {reason}")
 
     def flush_cache(self) -> None:
         """Drop cached KV state (the engine keeps none between `generate` calls)."""
@@ -377,20 +407,25 @@ class TorchEngine:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         self.memory_released = True
+        self._note("memory released" + ("" if self.device.type == "cpu" else ", weights moved to CPU"))
 
     def resume_memory(self) -> None:
         """Move the weights back to the engine device and allow `generate` again."""
         if self.device.type != "cpu":
             self.model.to(self.device)
         self.memory_released = False
+        self._note("memory resumed")
 
     def health(self) -> EngineHealth:
-        """Always ok for an in-process engine; reports weight version and memory state."""
+        """Ok until `shutdown()`; reports weight version and memory state (and the shutdown reason)."""
+        detail = f"torch engine on {self.device}, {self.dtype}"
+        if self.stopped:
+            detail += f"; shut down by {self.stop_reason}"
         return EngineHealth(
             ok=not self.stopped,
             weight_version=self.weight_version,
             memory_released=self.memory_released,
-            detail=f"torch engine on {self.device}, {self.dtype}",
+            detail=detail,
         )
 
 

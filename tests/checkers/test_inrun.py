@@ -321,6 +321,8 @@ def test_fault_actions_raise_in_train_and_stop_engine(tmp_path: Path, capsys) ->
             "3",
             "--ci-ft-test-actions",
             '[{"at_rollout": 0, "action": "stop_engine_at_end"}]',
+            "--engine-failure-timeout",
+            "1",
             "--run-dir",
             str(tmp_path / "s"),
         ]

@@ -15,7 +15,6 @@ from safetensors.torch import load_file, save_file
 from grpolab.checkers.errors import CheckFailure
 from grpolab.checkers.model_hash import (
     HashInputError,
-    add_hash_parser,
     check_model_hash,
     diff_checkpoints,
     layer_bucket,
@@ -23,6 +22,7 @@ from grpolab.checkers.model_hash import (
     run_hash_command,
     save_model_hash,
 )
+from grpolab.cli import add_hash_parser
 
 
 @pytest.mark.parametrize(

@@ -151,6 +151,23 @@ def test_clean_steps_from_throttle_marks() -> None:
     assert clean.tolist() == [False, True, False, False]  # 15 in step 0, 250 in step 2, 330 in step 3
     assert analysis.clean_steps(frame, np.array([])).all()
     assert analysis.throttle_times(pd.DataFrame({"time": []})).size == 0
+    # gpu_idle and clock settings are not throttles (the step waited, it was not slowed); an explicit
+    # `throttle` field wins over the names, and a null one falls back to them
+    idle = pd.DataFrame(
+        {
+            "time": [15.0, 150.0, 250.0, 330.0, 340.0],
+            "throttle_reasons": [
+                ["gpu_idle"],
+                ["hw_slowdown"],  # at 150, inside step 1, but its `throttle` field says no
+                ["applications_clocks_setting"],
+                ["gpu_idle"],
+                ["sw_power_cap"],
+            ],
+            "throttle": [None, False, None, None, np.nan],
+        }
+    )
+    assert analysis.throttle_times(idle).tolist() == [340.0]
+    assert analysis.clean_steps(frame, analysis.throttle_times(idle)).tolist() == [True, True, True, False]
 
 
 def test_keys_in_namespace() -> None:

@@ -51,11 +51,13 @@ if len(chosen) >= 2:
     scalars = store.read_scalars(chosen, keys)
     clean: dict[str, pd.Series] = {}
     if clean_only:
+        marked = False
         for r in chosen:
-            marks = analysis.throttle_times(store.read_gpu(r))
+            marks = analysis.throttle_times(store.read_gpu(r))  # thermal/power throttles only, not gpu_idle
             clean[r] = analysis.clean_steps(store.frame(r), marks)
-        if not any(len(analysis.throttle_times(store.read_gpu(r))) for r in chosen):
-            st.caption("No GPU throttle marks (gpu.jsonl) in these runs: every step counts as clean.")
+            marked = marked or len(marks) > 0
+        if not marked:
+            st.caption("No thermal or power throttle in these runs' gpu.jsonl: every step counts as clean.")
     shown: list[pd.DataFrame] = []
     for key in keys:
         series = analysis.metric_series(scalars, key)

@@ -1,0 +1,206 @@
+"""The trainer's side of a rollout engine: retry while the engine recovers, never forever.
+
+A run whose engine died must not send requests to it for an hour: the Miles 101 manual (section
+1.2) shows a run that logged 200,533 "503 Service Unavailable" errors in 63 minutes and never
+failed. `EngineClient` wraps any `RolloutEngine`. When a call raises, it polls the engine's
+`health()` every `poll_interval` seconds and repeats the call once the engine reports ok again. A
+failure shorter than `failure_timeout` seconds (`--engine-failure-timeout`, default 60) is
+tolerated; a longer one raises `EngineDeadError`, naming the engine, how long it failed, the last
+error and the engine's last log lines.
+
+Errors that describe the request rather than the engine (`ValueError`, `KeyError`, `TypeError`: an
+empty prompt, an unknown tensor name, a shape mismatch) are raised at once, unchanged: repeating
+the same request cannot fix them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+from grpolab.core.engine.base import (
+    EngineHealth,
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    SamplingParams,
+)
+
+log = logging.getLogger("grpolab")
+
+T = TypeVar("T")
+
+REQUEST_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError)
+"""Exceptions about the request itself: raised at once, never retried."""
+
+DEFAULT_POLL_INTERVAL_S = 1.0
+"""Seconds between health checks while the engine is failing (grpolab's: a 60 s timeout gets about
+60 polls, each cheap; the wait is capped by the time left before the timeout)."""
+
+LOG_TAIL_LINES = 10
+"""How many of the engine's last log lines `EngineDeadError` quotes."""
+
+
+class EngineDeadError(RuntimeError):
+    """The rollout engine failed for longer than `--engine-failure-timeout` seconds.
+
+    Attributes:
+        engine_name: the engine's `name`.
+        failed_for: seconds from the first failure to giving up.
+        last_error: the last exception a call or health check raised, or the last not-ok health.
+        log_tail: the engine's last log lines, oldest first.
+    """
+
+    def __init__(
+        self, engine_name: str, failed_for: float, timeout: float, last_error: str, log_tail: list[str]
+    ) -> None:
+        self.engine_name = engine_name
+        self.failed_for = failed_for
+        self.last_error = last_error
+        self.log_tail = log_tail
+        tail = "\n".join(f"  {line}" for line in log_tail) if log_tail else "  (the engine logged nothing)"
+        super().__init__(
+            f"rollout engine {engine_name!r} failed for {failed_for:.1f} s "
+            f"(--engine-failure-timeout {timeout:g}), the run stops instead of retrying forever; "
+            f"last error: {last_error}\nlast engine log lines:\n{tail}"
+        )
+
+
+class EngineClient:
+    """A `RolloutEngine` that forwards every call to `engine`, retrying while the engine recovers.
+
+    Args:
+        engine: the engine to call.
+        failure_timeout: seconds of failed calls and not-ok health checks after which a call raises
+            `EngineDeadError` (`--engine-failure-timeout`); must be > 0.
+        poll_interval: seconds between health checks while failing (capped by the time left); > 0.
+        clock: monotonic seconds (injectable for tests).
+        sleep: sleeps for the given seconds (injectable for tests).
+
+    Raises:
+        ValueError: a non-positive `failure_timeout` or `poll_interval`.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        *,
+        failure_timeout: float,
+        poll_interval: float = DEFAULT_POLL_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not failure_timeout > 0:
+            raise ValueError(f"--engine-failure-timeout must be > 0 seconds, got {failure_timeout}")
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval}")
+        self.engine = engine
+        self.failure_timeout = failure_timeout
+        self.poll_interval = poll_interval
+        self._clock, self._sleep = clock, sleep
+
+    @property
+    def name(self) -> str:
+        """The wrapped engine's name."""
+        return _engine_name(self.engine)
+
+    # ------------------------------------------------------------------ the protocol
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        """`engine.generate`, retried while the engine recovers (raises `EngineDeadError`)."""
+        return self._call("generate", lambda: self.engine.generate(requests, params))
+
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: int) -> int:
+        """`engine.update_weights` (one bucket), retried while the engine recovers."""
+        return self._call(
+            "update_weights", lambda: self.engine.update_weights(named_tensors, weight_version=weight_version)
+        )
+
+    def release_memory(self) -> None:
+        """`engine.release_memory`, retried while the engine recovers."""
+        self._call("release_memory", self.engine.release_memory)
+
+    def resume_memory(self) -> None:
+        """`engine.resume_memory`, retried while the engine recovers."""
+        self._call("resume_memory", self.engine.resume_memory)
+
+    def flush_cache(self) -> None:
+        """`engine.flush_cache`, retried while the engine recovers."""
+        self._call("flush_cache", self.engine.flush_cache)
+
+    def health(self) -> EngineHealth:
+        """One health check, no retry; an exception from the engine reads as not ok (detail: the error)."""
+        try:
+            return self.engine.health()
+        except Exception as e:  # a health check reports, it does not raise
+            return EngineHealth(ok=False, weight_version=-1, memory_released=False, detail=_describe(e))
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        """The wrapped engine's last `n` log lines; a note instead when it cannot give them."""
+        try:
+            return list(self.engine.log_tail(n))
+        except Exception as e:  # only used in error messages: never hide the real error
+            return [f"(no log from the engine: {_describe(e)})"]
+
+    # ------------------------------------------------------------------ retrying
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run `fn`; on an engine failure wait for health ok and repeat, until `failure_timeout`."""
+        first_failure: float | None = None
+        while True:
+            try:
+                result = fn()
+            except REQUEST_ERRORS:
+                raise
+            except Exception as e:
+                last_error = f"{what} raised {_describe(e)}"
+                if first_failure is None:
+                    first_failure = self._clock()
+                    log.warning(
+                        f"rollout engine {self.name!r}: {last_error}; waiting up to "
+                        f"{self.failure_timeout:g} s (--engine-failure-timeout) for it to recover"
+                    )
+                self._wait_until_healthy(first_failure, last_error)
+                continue
+            if first_failure is not None:
+                log.warning(
+                    f"rollout engine {self.name!r} recovered: {what} succeeded "
+                    f"{self._clock() - first_failure:.1f} s after the first failure"
+                )
+            return result
+
+    def _wait_until_healthy(self, first_failure: float, call_error: str) -> None:
+        """Poll `health()` until ok; raise `EngineDeadError` once `failure_timeout` has passed.
+
+        The last wait ends exactly at the timeout; a not-ok health check after it raises at once.
+        """
+        health_note = ""
+        while True:
+            remaining = self.failure_timeout - (self._clock() - first_failure)
+            if remaining <= 0:
+                break
+            last_wait = remaining <= self.poll_interval
+            self._sleep(min(self.poll_interval, remaining))
+            status = self.health()
+            if status.ok:
+                return
+            health_note = f"; health: not ok ({status.detail or 'no detail'})"
+            if last_wait:
+                break
+        raise EngineDeadError(
+            self.name,
+            self._clock() - first_failure,
+            self.failure_timeout,
+            call_error + health_note,
+            self.log_tail(LOG_TAIL_LINES),
+        )
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _engine_name(engine: object) -> str:
+    return str(getattr(engine, "name", type(engine).__name__))

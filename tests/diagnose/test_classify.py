@@ -1,0 +1,404 @@
+"""The hang classifier on stored py-spy dumps of real gloo hangs, plus synthetic precedence cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpolab.diagnose.classify import (
+    VERDICT_KINDS,
+    RankObservation,
+    classify,
+    find_collective,
+    is_library_frame,
+    render_table,
+)
+from grpolab.diagnose.stacks import Frame, ProcessStack, ThreadStack, parse_pyspy
+
+PYSPY = Path(__file__).resolve().parents[2] / "fixtures" / "pyspy"
+C10D = "torch/distributed/distributed_c10d.py"
+LOGGER = "torch/distributed/c10d_logger.py"
+
+
+def observations(case: str, dump: str = "txt", *, second_sample: bool = True) -> list[RankObservation]:
+    """RankObservations built from a stored case the way `diagnose hang` builds them from a run dir."""
+    folder = PYSPY / case
+    meta = json.loads((folder / "meta.json").read_text())
+    found = []
+    for rank in range(meta["world_size"]):
+        record = json.loads((folder / "ranks" / f"{rank}.json").read_text())
+        alive = meta["alive"][str(rank)]
+        stacks: tuple[ProcessStack, ...] = ()
+        if alive:
+            stacks = (parse_pyspy((folder / f"rank{rank}.{dump}").read_text()),)
+            if second_sample:
+                stacks += (parse_pyspy((folder / f"rank{rank}.sample2.txt").read_text()),)
+        found.append(
+            RankObservation(
+                rank=rank,
+                pid=record["pid"],
+                alive=alive,
+                stacks=stacks,
+                heartbeat_age_s=meta["captured_at"] - record["heartbeat"]["time"],
+                heartbeat_phase=record["heartbeat"]["phase"],
+                exception=record.get("error"),
+                exit_code=meta["exit_codes"][str(rank)],
+            )
+        )
+    return found
+
+
+EXPECTED = {
+    "cleanup": ("cleanup_deadlock", "A"),
+    "crash": ("cleanup_deadlock", "A"),
+    "mismatch": ("mismatched_collectives", "B"),
+    "mismatch_2ranks": ("mismatched_collectives", "B"),
+    "straggler": ("same_collective", "C"),
+    "exit": ("rank_exited", None),
+    "threads": ("threads_same_group", None),
+    "python_stall": ("python_stall", None),
+}
+
+
+@pytest.mark.parametrize("dump", ["txt", "json", "native.txt"])
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_each_stored_hang_gets_its_verdict(case, dump):
+    verdict = classify(observations(case, dump))
+    assert (verdict.kind, verdict.pattern) == EXPECTED[case]
+    assert verdict.hung
+    assert [row.rank for row in verdict.rows] == list(range(len(verdict.rows)))
+    assert verdict.next_steps
+
+
+def test_cleanup_deadlock_starts_with_the_exception_and_names_the_teardown():
+    verdict = classify(observations("cleanup"))
+    assert verdict.evidence[0].startswith("rank 1 raised RuntimeError: reward tensor has shape (7,)")
+    assert "compute_loss" in verdict.evidence[1]
+    teardown = next(line for line in verdict.evidence if "stuck in teardown" in line)
+    assert teardown.startswith("rank 1 ") and "barrier (" in teardown
+    assert "Trainer.close" in teardown and "Trainer.__exit__" in teardown
+    assert "rank 1" in verdict.title and "ranks 0, 2 wait in all_reduce" in verdict.title
+    states = {row.rank: row.state for row in verdict.rows}
+    assert states == {0: "collective", 1: "teardown", 2: "collective"}
+    assert verdict.rows[0].collective == "all_reduce"
+    assert verdict.rows[0].call_site.startswith("train_step (")
+    assert verdict.rows[1].collective == "barrier" and verdict.rows[1].call_site.startswith("Trainer.close (")
+    assert verdict.next_steps[0].startswith("Fix the exception on rank 1 first: RuntimeError")
+    steps = " ".join(verdict.next_steps)
+    for variable in (
+        "NCCL_DEBUG=INFO",
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL",
+        "NCCL_TIMEOUT=300",
+        "CUDA_LAUNCH_BLOCKING=1",
+    ):
+        assert variable in steps
+
+
+def test_a_rank_that_exited_after_an_exception_is_pattern_a():
+    verdict = classify(observations("crash"))
+    assert verdict.evidence[0].startswith("rank 1 raised RuntimeError")
+    assert "rank 1 exited with exit code 1 after that exception" in verdict.evidence
+    assert "rank 1 exited after an exception" in verdict.title
+    assert verdict.rows[1].state == "exited" and verdict.rows[1].where == "exited"
+
+
+def test_mismatch_names_the_rank_missing_the_collective():
+    verdict = classify(observations("mismatch"))
+    missing = [line for line in verdict.evidence if "missing the collective the others wait in" in line]
+    assert len(missing) == 1
+    assert missing[0].startswith(
+        "rank 1 is missing the collective the others wait in (all_reduce ← train_step"
+    )
+    assert "barrier ← save_checkpoint" in missing[0]
+    assert verdict.title.startswith("Mismatched collectives (pattern B): rank 1 waits in barrier, ranks 0, 2")
+    assert "save_checkpoint" in verdict.next_steps[0]
+
+
+def test_mismatch_with_two_ranks_has_no_majority():
+    verdict = classify(observations("mismatch_2ranks"))
+    missing = [line for line in verdict.evidence if "missing the collective" in line]
+    assert [line.split(" is missing")[0] for line in missing] == ["rank 0", "rank 1"]
+    assert "barrier ← save_checkpoint" in missing[0] and "all_reduce ← train_step" in missing[1]
+
+
+def test_straggler_is_named_with_the_slowest_heartbeat():
+    verdict = classify(observations("straggler"))
+    assert "rank 1 has not arrived (straggler)" in verdict.title
+    assert "ranks 0, 2 wait in all_reduce" in verdict.title
+    assert any(
+        line.startswith("slowest heartbeat: rank 1,") and "phase rollout" in line for line in verdict.evidence
+    )
+    row = verdict.rows[1]
+    assert row.state == "idle" and row.where.startswith("generate_rollouts (")
+    assert "rank 1" in verdict.next_steps[0] and "generate_rollouts" in verdict.next_steps[0]
+
+
+def test_exited_rank_without_exception():
+    obs = observations("exit")
+    verdict = classify(obs)
+    assert verdict.title == "Rank 1 exited; ranks 0, 2 wait in all_reduce for it"
+    assert verdict.evidence[0] == f"rank 1 (pid {obs[1].pid}) is gone (exit code 1) and recorded no exception"
+    assert "exited (exit code 1)" in render_table(verdict)
+
+
+def test_threads_in_collectives_are_named():
+    verdict = classify(observations("threads"))
+    assert "'grad-sync' (all_reduce)" in verdict.title and "'metrics-sync' (all_gather)" in verdict.title
+    assert verdict.evidence[0].startswith("rank 0: thread grad-sync in all_reduce")
+    assert verdict.evidence[1].startswith("rank 1: thread metrics-sync in all_gather")
+
+
+def test_python_stall_shows_the_busy_thread():
+    verdict = classify(observations("python_stall"))
+    assert verdict.title.startswith(
+        "Python-side stall, no rank in a collective: rank 1 thread MainThread is busy"
+    )
+    assert "score_rollouts (" in verdict.title
+    assert {row.rank: row.state for row in verdict.rows} == {0: "idle", 1: "python"}
+
+
+def test_native_frames_are_supporting_evidence_only():
+    verdict = classify(observations("mismatch", "native.txt", second_sample=False))
+    assert verdict.rows[0].where.startswith("all_reduce (" + C10D)
+    assert verdict.rows[0].native_wait == "c10d::Work::wait (libtorch_cpu.so)"
+    assert (
+        "native frames show ranks 0, 1, 2 blocked in c10d::Work::wait (libtorch_cpu.so)" in verdict.evidence
+    )
+
+
+def test_two_samples_mark_unchanged_stacks():
+    verdict = classify(observations("mismatch"))
+    assert all(row.unchanged is True for row in verdict.rows)
+    assert "stacks unchanged between the two samples on ranks 0, 1, 2" in verdict.evidence
+    single = classify(observations("mismatch", second_sample=False))
+    assert all(row.unchanged is None for row in single.rows)
+
+
+def test_progress_means_not_hung_and_the_dict_form_is_json():
+    verdict = classify(observations("mismatch"), progressed=True)
+    assert verdict.kind == "not_hung" and not verdict.hung and verdict.pattern is None
+    as_dict = classify(observations("cleanup")).to_dict()
+    assert json.loads(json.dumps(as_dict)) == as_dict
+    assert as_dict["kind"] in VERDICT_KINDS and as_dict["hung"] is True
+    assert as_dict["rows"][1]["state"] == "teardown"
+
+
+def test_render_table_has_one_line_per_rank():
+    obs = observations("threads")
+    table = render_table(classify(obs)).splitlines()
+    assert table[0].split() == ["rank", "pid", "state", "heartbeat", "where"]
+    assert len(table) == 3
+    assert table[1].split()[:3] == ["0", str(obs[0].pid), "collective"]
+    assert "[grad-sync] all_reduce (" in table[1]
+
+
+# ------------------------------------------------------------------------------ synthetic stacks
+def frame(name: str, filename: str = "train.py", line: int | None = 10) -> Frame:
+    return Frame(name, filename, line)
+
+
+def in_collective(collective: str, caller: str, *, line: int = 40, outer: tuple[Frame, ...] = ()) -> tuple:
+    return (
+        frame(collective, C10D, 100),
+        frame("_exception_logger.<locals>.wrapper", LOGGER, 83),
+        frame(caller, "train.py", line),
+        *outer,
+        frame("<module>", "train.py", 1),
+    )
+
+
+def process(pid: int, *threads: tuple[str, tuple[Frame, ...], bool]) -> ProcessStack:
+    return ProcessStack(
+        pid=pid,
+        command="python train.py",
+        threads=tuple(
+            ThreadStack(thread_id=pid + i, name=name, active=active, owns_gil=active, frames=frames)
+            for i, (name, frames, active) in enumerate(threads)
+        ),
+    )
+
+
+def rank(r: int, frames: tuple[Frame, ...] | None, **kwargs) -> RankObservation:
+    stacks = () if frames is None else (process(100 + r, ("MainThread", frames, False)),)
+    return RankObservation(
+        rank=r, pid=100 + r, alive=kwargs.pop("alive", frames is not None), stacks=stacks, **kwargs
+    )
+
+
+def test_exception_beats_a_plain_exit():
+    verdict = classify(
+        [
+            rank(0, in_collective("all_reduce", "train_step")),
+            rank(1, None, exception='ValueError: bad reward\n  File "r.py", line 3, in score', exit_code=1),
+            rank(2, None, exit_code=-9),
+        ]
+    )
+    assert verdict.kind == "cleanup_deadlock" and verdict.pattern == "A"
+    assert verdict.evidence[0] == "rank 1 raised ValueError: bad reward"
+    assert verdict.evidence[1] == 'rank 1 exception raised at: File "r.py", line 3, in score'
+    assert verdict.evidence[-1] == "also fits: rank exited; same collective"
+
+
+def test_destroy_process_group_without_exception_is_teardown():
+    destroy = in_collective("destroy_process_group", "shutdown_workers")
+    verdict = classify([rank(0, destroy), rank(1, in_collective("recv_object_list", "run_stage"))])
+    assert verdict.kind == "cleanup_deadlock"
+    assert verdict.evidence[0].startswith("rank 0 in teardown without a recorded exception")
+    assert verdict.rows[0].state == "teardown" and verdict.rows[1].collective == "recv_object_list"
+    assert verdict.next_steps[0].startswith("Read the log of rank 0")
+
+
+def test_every_rank_in_teardown_is_still_pattern_a():
+    destroy = in_collective("destroy_process_group", "main")
+    verdict = classify([rank(0, destroy), rank(1, destroy)])
+    assert verdict.kind == "cleanup_deadlock"
+    assert "no rank is left in the training loop" in verdict.title
+
+
+def test_same_collective_from_different_call_sites_is_pattern_b():
+    verdict = classify(
+        [
+            rank(0, in_collective("all_reduce", "forward", line=123)),
+            rank(1, in_collective("all_reduce", "backward", line=456)),
+            rank(2, in_collective("all_reduce", "forward", line=123)),
+        ]
+    )
+    assert verdict.kind == "mismatched_collectives"
+    assert any(
+        "same collective (all_reduce) is called from different call sites" in e for e in verdict.evidence
+    )
+    assert any(
+        e.startswith("rank 1 is missing the collective the others wait in (all_reduce ← forward")
+        for e in verdict.evidence
+    )
+
+
+def test_every_rank_in_the_same_collective_points_at_the_oldest_heartbeat():
+    stack = in_collective("all_reduce", "train_step")
+    verdict = classify(
+        [
+            rank(0, stack, heartbeat_age_s=130.0),
+            rank(1, stack, heartbeat_age_s=410.5, heartbeat_phase="train"),
+            rank(2, stack, heartbeat_age_s=131.0),
+        ]
+    )
+    assert verdict.kind == "same_collective" and verdict.pattern == "C"
+    assert "every rank (ranks 0, 1, 2) waits in all_reduce" in verdict.title
+    assert verdict.title.endswith("slowest heartbeat rank 1")
+    assert "slowest heartbeat: rank 1, 410.5 s old, phase train" in verdict.evidence
+    assert any("Start with rank 1" in step for step in verdict.next_steps)
+
+
+def test_threads_beat_mismatch_but_a_plain_exit_beats_threads():
+    grad = in_collective("all_reduce", "sync_gradients")
+    metrics = in_collective("broadcast", "sync_metrics")
+    two_threads = RankObservation(
+        rank=0,
+        pid=100,
+        alive=True,
+        stacks=(
+            process(
+                100,
+                ("MainThread", (frame("join", "threading.py"),), False),
+                ("a", grad, False),
+                ("b", metrics, False),
+            ),
+        ),
+    )
+    other = rank(1, in_collective("barrier", "save"))
+    assert classify([two_threads, other]).kind == "threads_same_group"
+    dead = rank(2, None, exit_code=1)
+    verdict = classify([two_threads, other, dead])
+    assert verdict.kind == "rank_exited"
+    assert verdict.evidence[-1] == "also fits: threads same group; mismatched collectives"
+
+
+def test_all_gather_object_and_det_backend_frames_name_the_users_call():
+    nested = (
+        frame("all_gather", C10D, 10),
+        frame("_exception_logger.<locals>.wrapper", LOGGER, 83),
+        frame("all_gather_object", C10D, 20),
+        frame("_exception_logger.<locals>.wrapper", LOGGER, 83),
+        frame("collect_stats", "train.py", 7),
+    )
+    found = find_collective(ThreadStack(1, "MainThread", False, False, nested))
+    assert found.name == "all_gather_object" and found.call_site.name == "collect_stats"
+    det = (
+        frame("DetProcessGroup._wait_all", "grpolab/core/det_backend.py", 243),
+        frame("DetProcessGroup._share_slot", "grpolab/core/det_backend.py", 290),
+        frame("DetProcessGroup.allreduce", "grpolab/core/det_backend.py", 355),
+        frame("all_reduce", C10D, 3252),
+        frame("_exception_logger.<locals>.wrapper", LOGGER, 83),
+        frame("train_step", "grpolab/core/actor.py", 88),
+    )
+    found = find_collective(ThreadStack(1, "MainThread", False, False, det))
+    assert found.name == "all_reduce" and found.call_site.name == "train_step"
+    alone = find_collective(ThreadStack(1, "MainThread", False, False, det[:3] + det[5:]))
+    assert alone.name == "all_reduce" and alone.entry.name == "DetProcessGroup.allreduce"
+    # a function called all_reduce in the user's own code is not torch.distributed
+    assert find_collective(ThreadStack(1, "M", False, False, (frame("all_reduce", "mylib/comm.py"),))) is None
+
+
+def test_library_frames_are_skipped_in_where():
+    waiting = (
+        frame("Condition.wait", "threading.py", 320),
+        frame("Queue.get", "queue.py", 171),
+        frame("_worker", "concurrent/futures/thread.py", 81),
+        frame("fetch_batch", "code/loader.py", 55),
+        frame("main", "code/train.py", 9),
+    )
+    verdict = classify([rank(0, waiting), rank(1, waiting)])
+    assert verdict.kind == "python_stall"
+    assert verdict.rows[0].where == "fetch_batch (code/loader.py:55) ← main (code/train.py:9)"
+    assert "every rank is idle" in verdict.title
+    assert is_library_frame(frame("x", "/usr/lib/python3.11/site-packages/torch/nn/module.py"))
+    assert not is_library_frame(frame("x", "code/train.py"))
+
+
+def test_busy_worker_thread_is_reported_over_an_idle_main_thread():
+    busy = (frame("tokenize_all", "data.py", 12), frame("Thread.run", "threading.py", 982))
+    obs = RankObservation(
+        rank=0,
+        pid=5,
+        alive=True,
+        stacks=(process(5, ("MainThread", (frame("main", "train.py"),), False), ("tokenizer", busy, True)),),
+    )
+    verdict = classify([obs])
+    assert verdict.kind == "python_stall"
+    assert verdict.rows[0].thread == "tokenizer" and verdict.rows[0].state == "python"
+    assert "rank 0 thread tokenizer is busy in tokenize_all (data.py:12)" in verdict.title
+
+
+def test_changed_samples_are_reported():
+    first = process(
+        5, ("MainThread", (frame("loop", "train.py", 10), frame("<module>", "train.py", 1)), True)
+    )
+    second = process(
+        5, ("MainThread", (frame("loop", "train.py", 11), frame("<module>", "train.py", 1)), True)
+    )
+    verdict = classify([RankObservation(rank=0, pid=5, alive=True, stacks=(first, second))])
+    assert verdict.rows[0].unchanged is False
+    assert "stacks changed between the two samples on rank 0 (still running code)" in verdict.evidence
+
+
+def test_no_stack_rows_and_all_dead():
+    mixed = classify([rank(0, in_collective("all_reduce", "step")), rank(1, None, alive=True)])
+    assert mixed.rows[1].state == "no stack"
+    assert "no stack could be read for rank 1 (alive, py-spy gave nothing)" in mixed.evidence
+    gone = classify([rank(0, None, exit_code=0), rank(1, None, exit_code=0)])
+    assert gone.kind == "rank_exited" and gone.title.startswith("No rank process is alive")
+
+
+@pytest.mark.parametrize(
+    ("observed", "message"),
+    [
+        ([], "at least one rank"),
+        ([RankObservation(0, 1, True, ()), RankObservation(0, 2, True, ())], "more than once"),
+        ([RankObservation(0, 1, True, ()), RankObservation(1, 2, True, ())], "nothing to classify"),
+    ],
+)
+def test_bad_input_raises(observed, message):
+    with pytest.raises(ValueError, match=message):
+        classify(observed)

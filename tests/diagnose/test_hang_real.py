@@ -1,0 +1,331 @@
+"""`grpolab diagnose hang` on REAL hangs: gloo ranks on CPU blocked for real, py-spy for real.
+
+The hangs come from fixtures/hangs (independent rank processes, each scenario one AReaL pattern);
+the slow test hangs a real `grpolab train --nproc-per-node 2` run with the fault action
+`sleep_forever_at_end`. Every test kills its processes in a `finally` (fixture teardown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from runs import SMALL
+
+from grpolab.diagnose.hang import add_hang_arguments, run_hang_command
+from grpolab.fixtures.hangs import launch_hang_world, stop_hang_world, wait_until_hung
+
+FAST = ("--interval", "0.5")
+"""Two samples half a second apart: enough for a process blocked in gloo (its stack cannot move)."""
+
+
+@contextmanager
+def hung_world(tmp: Path, scenario: str, world_size: int) -> Iterator[tuple[Path, dict[int, dict]]]:
+    """Start a fixture scenario, wait until every rank blocked (or exited), stop it afterwards."""
+    run = tmp / scenario
+    procs = launch_hang_world(scenario, world_size, run, hang_seconds=300)
+    try:
+        markers = wait_until_hung(run, world_size, timeout_s=240, procs=procs)
+        yield run, markers
+    finally:
+        stop_hang_world(procs, run)
+
+
+def diagnose(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, dict]:
+    """`grpolab diagnose hang *argv --json` in this process; (exit code, the printed JSON)."""
+    parser = argparse.ArgumentParser()
+    add_hang_arguments(parser)
+    code = run_hang_command(parser.parse_args([*argv, "--json"]))
+    return code, json.loads(capsys.readouterr().out)
+
+
+def diagnose_text(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
+    parser = argparse.ArgumentParser()
+    add_hang_arguments(parser)
+    code = run_hang_command(parser.parse_args(list(argv)))
+    return code, capsys.readouterr().out
+
+
+def rows(report: dict) -> dict[int, dict]:
+    return {row["rank"]: row for row in report["verdict"]["rows"]}
+
+
+def dump_dir(run: Path) -> Path:
+    (only,) = (run / "diagnose").iterdir()
+    return only
+
+
+def test_cleanup_deadlock_reports_the_exception_first(tmp_path: Path, capsys) -> None:
+    with hung_world(tmp_path, "cleanup", 2) as (run, _):
+        code, text = diagnose_text(capsys, str(run), *FAST)
+    assert code == 1, text
+    head, _, rest = text.partition("evidence:")
+    assert "verdict: Cleanup deadlock (pattern A): rank 1 failed (RuntimeError)" in head
+    # the failing rank's own exception comes first: before the evidence, the table and the advice
+    assert "exception recorded by rank 1:\n    RuntimeError: reward tensor has shape (7,)" in head
+    assert "in compute_loss" in head  # the traceback tail the rank recorded
+    assert rest.index("rank 1 raised RuntimeError") < rest.index("rank 0 waits in all_reduce")
+    assert "barrier (torch/distributed/distributed_c10d.py" in rest and "Trainer.__exit__" in rest
+    saved = json.loads((dump_dir(run) / "verdict.json").read_text())
+    assert saved["verdict"]["kind"] == "cleanup_deadlock" and saved["verdict"]["pattern"] == "A"
+    by_rank = rows(saved)
+    assert by_rank[1]["state"] == "teardown" and by_rank[1]["collective"] == "barrier"
+    assert by_rank[0]["state"] == "collective" and by_rank[0]["collective"] == "all_reduce"
+    assert by_rank[0]["call_site"].startswith("train_step (")
+    assert saved["progress"]["progressed"] is False and saved["progress"]["ranks_moved"] == []
+
+
+def test_mismatched_collectives_name_the_rank_missing_the_all_reduce(tmp_path: Path, capsys) -> None:
+    with hung_world(tmp_path, "mismatch", 3) as (run, _):
+        code, report = diagnose(capsys, str(run), *FAST)
+    assert code == 1
+    verdict = report["verdict"]
+    assert verdict["kind"] == "mismatched_collectives" and verdict["pattern"] == "B"
+    assert verdict["title"].startswith(
+        "Mismatched collectives (pattern B): rank 1 waits in barrier, ranks 0, 2"
+    )
+    assert any(
+        e.startswith("rank 1 is missing the collective the others wait in") for e in verdict["evidence"]
+    )
+    by_rank = rows(report)
+    assert [by_rank[r]["collective"] for r in (0, 1, 2)] == ["all_reduce", "barrier", "all_reduce"]
+    assert by_rank[1]["call_site"].startswith("save_checkpoint (")
+    assert sorted(p.name for p in dump_dir(run).iterdir()) == [
+        "rank0.json",
+        "rank0.txt",
+        "rank1.json",
+        "rank1.txt",
+        "rank2.json",
+        "rank2.txt",
+        "verdict.json",
+    ]
+
+
+@pytest.fixture(scope="module")
+def straggler(tmp_path_factory) -> Iterator[tuple[Path, dict[int, dict]]]:
+    """One straggler world (3 ranks, rank 1 sleeps) shared by the RUN_DIR, --pid, --match and CLI tests."""
+    with hung_world(tmp_path_factory.mktemp("hang"), "straggler", 3) as world:
+        yield world
+
+
+def test_straggler_same_collective_names_the_sleeping_rank(straggler, capsys) -> None:
+    run, markers = straggler
+    code, report = diagnose(capsys, str(run), *FAST)
+    assert code == 1
+    verdict = report["verdict"]
+    assert verdict["kind"] == "same_collective" and verdict["pattern"] == "C"
+    assert "ranks 0, 2 wait in all_reduce" in verdict["title"]
+    assert "rank 1 has not arrived (straggler)" in verdict["title"]
+    by_rank = rows(report)
+    assert by_rank[1]["state"] == "idle" and by_rank[1]["where"].startswith("generate_rollouts (")
+    assert [r["pid"] for r in report["ranks"]] == [markers[r]["pid"] for r in range(3)]
+    assert report["progress"]["ranks_compared"] == [0, 1, 2]
+    text = (dump_dir(run) / "rank1.txt").read_text()
+    assert f"Process {markers[1]['pid']}:" in text and "generate_rollouts (" in text
+
+
+def test_pid_and_match_find_the_same_ranks(straggler, capsys) -> None:
+    run, markers = straggler
+    pids = [str(markers[r]["pid"]) for r in (2, 0, 1)]  # --pid numbers ranks in the order given
+    code, report = diagnose(capsys, "--pid", *pids, *FAST)
+    assert code == 1 and report["verdict"]["kind"] == "same_collective"
+    assert [r["pid"] for r in report["ranks"]] == [int(p) for p in pids]
+    assert "rank 2 has not arrived (straggler)" in report["verdict"]["title"]
+    assert report["run_dir"] is None and report["dumps"] is None
+    code, report = diagnose(capsys, "--match", re.escape(str(run)), *FAST)
+    assert code == 1 and report["verdict"]["kind"] == "same_collective"
+    assert [(r["rank"], r["pid"]) for r in report["ranks"]] == [(r, markers[r]["pid"]) for r in range(3)]
+    assert "rank 1 has not arrived (straggler)" in report["verdict"]["title"]
+
+
+def test_native_frames_in_the_last_sample(straggler, capsys, tmp_path: Path) -> None:
+    run, markers = straggler
+    out = tmp_path / "native"
+    code, report = diagnose(capsys, "--pid", str(markers[0]["pid"]), "--native", *FAST, "--out", str(out))
+    assert code == 1 and report["verdict"]["kind"] == "same_collective"
+    assert "c10d::" in rows(report)[0]["native_wait"]  # gloo's wait, seen through py-spy --native
+    first, last = json.loads((out / "rank0.json").read_text())["samples"]
+    native = [f for t in last["stack"]["threads"] for f in t["frames"] if f["native"]]
+    assert native and not any(f["native"] for t in first["stack"]["threads"] for f in t["frames"])
+
+
+def test_cli_json_shape(straggler) -> None:
+    run, _ = straggler
+    out = subprocess.run(
+        [sys.executable, "-m", "grpolab", "diagnose", "hang", str(run), "--json", "--interval", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)  # one JSON object, nothing else on stdout
+    assert set(report) >= {
+        "verdict",
+        "hung",
+        "exit_code",
+        "run_dir",
+        "run",
+        "dumps",
+        "progress",
+        "ranks",
+        "missing_ranks",
+        "notes",
+        "py_spy",
+        "command",
+        "elapsed_s",
+    }
+    assert report["hung"] is True and report["exit_code"] == 1 and report["missing_ranks"] == {}
+    assert set(report["verdict"]) >= {"kind", "pattern", "title", "evidence", "rows", "next_steps"}
+    assert any("NCCL_DEBUG=INFO" in s for s in report["verdict"]["next_steps"])
+    assert set(report["progress"]) >= {
+        "progressed",
+        "reason",
+        "interval_s",
+        "stall_seconds",
+        "newest_activity_age_s",
+    }
+    assert report["py_spy"]["version"].startswith("py-spy ")
+    assert Path(report["dumps"], "verdict.json").exists()
+    assert {r["rank"]: r["dumped"] for r in report["ranks"]} == {0: True, 1: True, 2: True}
+
+
+def test_rank_exited_before_all_reduce(tmp_path: Path, capsys) -> None:
+    with hung_world(tmp_path, "exit", 2) as (run, markers):
+        code, report = diagnose(capsys, str(run), *FAST)
+    assert code == 1
+    verdict = report["verdict"]
+    assert verdict["kind"] == "rank_exited"
+    assert verdict["title"] == "Rank 1 exited; rank 0 waits in all_reduce for it"
+    assert rows(report)[1]["state"] == "exited"
+    assert report["missing_ranks"] == {"1": "exited (pid gone)"}
+    assert {r["rank"]: r["alive"] for r in report["ranks"]} == {0: True, 1: False}
+    assert "# not dumped: exited (pid gone)" in (dump_dir(run) / "rank1.txt").read_text()
+
+
+def test_python_stall_confirmed_by_stale_heartbeats(tmp_path: Path, capsys) -> None:
+    """Rank 1 spins in Python (its frames move), rank 0 polls: hung only because nothing was written."""
+    with hung_world(tmp_path, "python_stall", 2) as (run, _):
+        time.sleep(1.0)  # every heartbeat is now older than --stall-seconds 1
+        code, report = diagnose(capsys, str(run), *FAST, "--stall-seconds", "1")
+    assert code == 1
+    verdict = report["verdict"]
+    assert verdict["kind"] == "python_stall", verdict
+    assert "rank 1 thread MainThread is busy in score_rollouts (" in verdict["title"]
+    assert rows(report)[0]["where"].startswith("wait_for_scores (")
+    assert report["progress"]["progressed"] is False
+    assert report["progress"]["newest_activity_age_s"] >= 1
+
+
+# ------------------------------------------------------------------------------ a real grpolab run
+def _rank_file(run: Path, rank: int) -> dict:
+    try:
+        return json.loads((run / "ranks" / f"{rank}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, grandchildren, …), from /proc/*/stat parent pids."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat[stat.rfind(")") + 2 :].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL `proc`'s process group and every descendant (torchrun starts each rank in its own session)."""
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    proc.wait(timeout=60)
+
+
+@pytest.mark.slow  # 17-20 s on a shared 2-core machine: it would take the default suite past a minute
+def test_real_train_run_hung_by_sleep_forever_at_end(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    actions = '[{"at_rollout": 0, "action": "sleep_forever_at_end", "rank": 1}]'
+    argv = ["train", "--nproc-per-node", "2", *SMALL, "--num-rollout", "2", "--run-dir", str(run)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpolab", *argv, "--ci-ft-test-actions", actions],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: grpolab, torchrun and both ranks
+    )
+    try:
+        deadline = time.monotonic() + 400
+        while True:
+            r0, r1 = _rank_file(run, 0), _rank_file(run, 1)
+            if (r1.get("heartbeat") or {}).get("phase") == "fault:sleep_forever_at_end" and (
+                r0.get("heartbeat") or {}
+            ).get("rollout_id") == 1:
+                break
+            assert proc.poll() is None, proc.stdout.read().decode(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the run did not reach the injected hang in time"
+            time.sleep(0.5)
+        time.sleep(3.0)  # rank 0 runs rollout 1 to its first all_gather_object, then waits there
+        code, report = diagnose(capsys, str(run), "--interval", "1")
+        assert code == 1
+        verdict = report["verdict"]
+        assert verdict["kind"] == "same_collective", verdict
+        assert re.search(r"rank 0 waits? in all_gather_object", verdict["title"]), verdict["title"]
+        assert "rank 1 has not arrived (straggler)" in verdict["title"]
+        by_rank = rows(report)
+        assert by_rank[0]["call_site"].startswith("all_gather_objects (")
+        assert by_rank[1]["where"].startswith("sleep_forever_injected (")
+        assert report["ranks"][1]["heartbeat"]["phase"] == "fault:sleep_forever_at_end"
+
+        pids = [str(r0["pid"]), str(r1["pid"])]
+        code, by_pid = diagnose(capsys, "--pid", *pids, "--interval", "0.5")
+        assert code == 1 and by_pid["verdict"]["title"] == verdict["title"]
+        code, matched = diagnose(capsys, "--match", re.escape(str(run)), "--interval", "0.5")
+        assert code == 1 and [r["pid"] for r in matched["ranks"]] == [int(p) for p in pids]
+        assert sum("no RANK in its environment" in n for n in matched["notes"]) == 2  # grpolab + torchrun
+    finally:
+        _kill_tree(proc)
+
+
+def test_failed_run_records_its_exception_and_is_not_hung(tmp_path: Path, capsys) -> None:
+    """The training loop writes the exception into its rank file; a run that ended is not a hang."""
+    run = tmp_path / "failed"
+    actions = '[{"at_rollout": 0, "action": "raise_in_train", "rank": 0}]'
+    out = subprocess.run(
+        [sys.executable, "-m", "grpolab", "train", *SMALL, "--num-rollout", "1", "--run-dir", str(run)]
+        + ["--ci-ft-test-actions", actions],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode != 0, out.stdout[-2000:]
+    record = _rank_file(run, 0)
+    assert record["heartbeat"]["phase"] == "error"
+    assert record["error"].startswith("InjectedFault: injected fault: raise_in_train on rank 0 at rollout 0")
+    assert "in _fire\n" in record["error"]  # the innermost traceback lines come with it
+    code, text = diagnose_text(capsys, str(run))
+    assert code == 0
+    assert "verdict: Not hung: the run ended: final status 'failed' (InjectedFault: injected fault" in text
