@@ -20,46 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Generic, Literal, TypeVar
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-_F = TypeVar("_F", bound=Callable)
+from grpolab.core.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0  # Miles clamps log-ratios to [-20, 20] before exp.
-
-
-class Registry(Generic[_F]):
-    """Functions registered by name; a duplicate name raises, an unknown name lists the valid ones."""
-
-    def __init__(self, kind: str, flag: str | None = None) -> None:
-        self.kind = kind
-        self.flag = flag
-        self._fns: dict[str, _F] = {}
-
-    def register(self, name: str) -> Callable[[_F], _F]:
-        """Decorator registering `fn` under `name`. Raises ValueError if `name` is taken."""
-
-        def decorator(fn: _F) -> _F:
-            if name in self._fns:
-                raise ValueError(
-                    f"{self.kind} {name!r} is already registered ({self._fns[name].__qualname__})"
-                )
-            self._fns[name] = fn
-            return fn
-
-        return decorator
-
-    def get(self, name: str) -> _F:
-        """The function registered as `name`. Raises ValueError listing the valid names."""
-        if name not in self._fns:
-            flag = f" ({self.flag})" if self.flag else ""
-            raise ValueError(f"unknown {self.kind} {name!r}{flag}; valid: {', '.join(self.names())}")
-        return self._fns[name]
-
-    def names(self) -> list[str]:
-        return sorted(self._fns)
 
 
 ADVANTAGE_ESTIMATORS: Registry[Callable[..., Tensor]] = Registry(

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from grpolab.diagnose import gpu as gpu_rules
+from grpolab.diagnose import gpu_throttle
 
 NAMESPACES = ("rollout/", "train/", "perf/", "eval/")
 """Metric namespaces offered on the Compare page (Miles' names)."""
@@ -214,19 +214,20 @@ def throttle_times(gpu: pd.DataFrame) -> np.ndarray:
     """Unix times (s) of gpu.jsonl samples that saw a thermal or power throttle, sorted; empty when
     the run has no gpu.jsonl or no throttle.
 
-    The rule is grpolab.diagnose.gpu.sample_is_throttled: the `throttle` field when set, else the
-    thermal/power names in `throttle_reasons` (gpu_idle and clock settings are not throttles).
+    The rule is grpolab.diagnose.gpu_throttle.sample_is_throttled: the `throttle` field when set,
+    else the thermal/power names in `throttle_reasons` (gpu_idle and clock settings are not
+    throttles).
     """
     if gpu.empty or "time" not in gpu.columns:
         return np.array([], dtype=float)
-    return np.asarray(gpu_rules.throttle_times(gpu.to_dict("records")), dtype=float)
+    return np.asarray(gpu_throttle.throttle_times(gpu.to_dict("records")), dtype=float)
 
 
 def clean_steps(frame: pd.DataFrame, marks: np.ndarray) -> pd.Series:
     """Which perf rows are clean: no throttle mark inside [time − perf/step_time, time].
 
-    Manual 5.3's timing rule (grpolab.diagnose.gpu.clean_step_mask, no margin): a step counts when
-    its window overlaps no throttle. The window ends at the perf line's time and lasts
+    Manual 5.3's timing rule (grpolab.diagnose.gpu_throttle.clean_step_mask, no margin): a step
+    counts when its window overlaps no throttle. The window ends at the perf line's time and lasts
     `perf/step_time` (`perf/rollout_time` when no step time; a NaN length counts as 0).
 
     Args:
@@ -242,5 +243,5 @@ def clean_steps(frame: pd.DataFrame, marks: np.ndarray) -> pd.Series:
     length = perf.get("perf/step_time", perf.get("perf/rollout_time"))
     span = length.to_numpy(float) if length is not None else np.zeros(len(perf))
     ends = perf["time"].to_numpy(float).tolist()
-    clean = gpu_rules.clean_step_mask(ends, span.tolist(), np.asarray(marks, dtype=float).tolist())
+    clean = gpu_throttle.clean_step_mask(ends, span.tolist(), np.asarray(marks, dtype=float).tolist())
     return pd.Series(clean, index=perf.index, dtype=bool)

@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.diagnose.classify import (
-    VERDICT_KINDS,
-    RankObservation,
-    classify,
-    find_collective,
-    is_library_frame,
-    render_table,
-)
+from grpolab.diagnose.classify import VERDICT_KINDS, classify, render_table
+from grpolab.diagnose.frames import find_collective, is_library_frame
+from grpolab.diagnose.rank_rows import RankObservation
 from grpolab.diagnose.stacks import Frame, ProcessStack, ThreadStack, parse_pyspy
 
 PYSPY = Path(__file__).resolve().parents[2] / "fixtures" / "pyspy"

@@ -18,19 +18,18 @@ import pytest
 import runs
 
 from grpolab.cli import main
-from grpolab.diagnose import gpu
-from grpolab.diagnose.gpu import (
+from grpolab.diagnose import gpu, nvml
+from grpolab.diagnose.gpu import GpuSampler, start_run_sampler
+from grpolab.diagnose.gpu_throttle import (
     CLOCK_REASONS,
-    GpuSampler,
-    NoNvidiaDriver,
-    NvmlSession,
     clean_step_mask,
     decode_clock_reasons,
+    reason_kinds,
     sample_is_throttled,
-    start_run_sampler,
     throttle_kinds,
     throttle_times,
 )
+from grpolab.diagnose.nvml import NoNvidiaDriver, NvmlSession
 
 
 def _nvml_works() -> bool:
@@ -98,6 +97,8 @@ def test_throttle_kinds_count_only_heat_and_power() -> None:
     assert throttle_kinds(["hw_slowdown", "hw_power_brake_slowdown"]) == ["power"]
     assert throttle_kinds(["SW Thermal Slowdown"]) == ["thermal"]  # nvidia-smi's spelling
     assert throttle_kinds(["HW_POWER_BRAKE"]) == ["power"]  # DCGM's
+    for reason in CLOCK_REASONS:  # nvidia-smi-style spellings ("Sw Power Cap") read as the table says
+        assert reason_kinds(reason.name.replace("_", " ").title()) == reason.kinds, reason.name
 
 
 def test_sample_is_throttled_prefers_the_throttle_field() -> None:
@@ -255,7 +256,7 @@ def _gpu(**overrides: Any) -> dict[str, Any]:
 
 
 def _session(monkeypatch: pytest.MonkeyPatch, nv: types.SimpleNamespace) -> NvmlSession:
-    monkeypatch.setattr(gpu, "_import_pynvml", lambda: nv)
+    monkeypatch.setattr(nvml, "_import_pynvml", lambda: nv)
     return NvmlSession.open()
 
 
@@ -370,9 +371,9 @@ def test_pynvml_without_newer_or_older_names(monkeypatch: pytest.MonkeyPatch) ->
 def test_init_failures_raise_no_nvidia_driver(
     monkeypatch: pytest.MonkeyPatch, code: int, message: str
 ) -> None:
-    monkeypatch.setattr(gpu, "_import_pynvml", lambda: fake_pynvml([], init_error=code))
+    monkeypatch.setattr(nvml, "_import_pynvml", lambda: fake_pynvml([], init_error=code))
     with pytest.raises(NoNvidiaDriver) as error:
-        gpu.read_gpus()
+        nvml.read_gpus()
     assert str(error.value) == message
 
 
@@ -440,7 +441,7 @@ def test_failing_reads_are_logged_once_and_retried(tmp_path: Path, caplog: pytes
 
 def test_sampler_over_a_fake_nvml_closes_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     nv = fake_pynvml([_gpu(), _gpu(handle=1, event_reasons=0x20)])
-    monkeypatch.setattr(gpu, "_import_pynvml", lambda: nv)
+    monkeypatch.setattr(nvml, "_import_pynvml", lambda: nv)
     sampler = start_run_sampler(tmp_path, 0.01)
     assert sampler is not None
     _wait_for(lambda: sampler.samples_written >= 2, "2 samples")
@@ -467,7 +468,7 @@ def test_sampler_rejects_a_non_positive_interval(tmp_path: Path, caplog: pytest.
 
 def test_sampler_off_when_nvml_sees_no_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog) -> None:
     nv = fake_pynvml([])
-    monkeypatch.setattr(gpu, "_import_pynvml", lambda: nv)
+    monkeypatch.setattr(nvml, "_import_pynvml", lambda: nv)
     with caplog.at_level(logging.INFO, logger="grpolab"):
         assert start_run_sampler(tmp_path, 1.0) is None
     assert [r.getMessage() for r in caplog.records] == ["GPU sampling off: NVML sees no GPU on this host"]
@@ -488,7 +489,7 @@ def test_no_driver_here_logs_once_and_writes_nothing(
     ]
     assert not sampler.running and not (tmp_path / "gpu.jsonl").exists()
     with pytest.raises(NoNvidiaDriver, match="no NVIDIA driver"):
-        gpu.read_gpus()
+        nvml.read_gpus()
 
 
 # ------------------------------------------------------------------ grpolab diagnose gpu
@@ -516,7 +517,7 @@ def test_cli_prints_a_table_and_json(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     nv = fake_pynvml([_gpu(), _gpu(handle=1, utilization=NOT_SUPPORTED, event_reasons=0x1)])
-    monkeypatch.setattr(gpu, "_import_pynvml", lambda: nv)
+    monkeypatch.setattr(nvml, "_import_pynvml", lambda: nv)
     assert _gpu_command() == 0
     out = capsys.readouterr().out
     assert "GPU 0  NVIDIA H200  GPU-0000" in out and "GPU 1  NVIDIA H200" in out
@@ -527,7 +528,7 @@ def test_cli_prints_a_table_and_json(
     assert _gpu_command("--json") == 0
     readings = json.loads(capsys.readouterr().out)["gpus"]
     assert [r["index"] for r in readings] == [0, 1] and readings[1]["utilization_gpu"] is None
-    monkeypatch.setattr(gpu, "_import_pynvml", lambda: fake_pynvml([]))
+    monkeypatch.setattr(nvml, "_import_pynvml", lambda: fake_pynvml([]))
     assert _gpu_command() == 2
     assert "NVML sees no GPU" in capsys.readouterr().err
 
@@ -537,7 +538,7 @@ def test_cli_prints_a_table_and_json(
 
 @pytest.mark.gpu
 def test_real_nvml_reading_ranges(tmp_path: Path) -> None:
-    readings = gpu.read_gpus()
+    readings = nvml.read_gpus()
     assert readings, "CUDA is available but NVML sees no GPU"
     for r in readings:
         assert r["name"] and r["uuid"].startswith(("GPU-", "MIG-"))
@@ -579,7 +580,7 @@ def test_train_run_samples_gpus_on_rank0_until_the_end(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     nv = fake_pynvml([_gpu(), _gpu(handle=1, event_reasons=0x20)])
-    monkeypatch.setattr(gpu, "_import_pynvml", lambda: nv)
+    monkeypatch.setattr(nvml, "_import_pynvml", lambda: nv)
     run_dir = runs.run(tmp_path, "sampled", "--num-rollout", "2", "--gpu-sample-interval", "0.05")
     assert nv.shutdowns == 1  # stopped (and NVML shut down) before train() returned
     assert not any(t.name == "grpolab-gpu-sampler" for t in threading.enumerate())

@@ -19,15 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.diagnose import hang
-from grpolab.diagnose.hang import (
+from grpolab.diagnose import pyspy
+from grpolab.diagnose.hang import add_hang_arguments, run_hang_command
+from grpolab.diagnose.hang_progress import decide_progress
+from grpolab.diagnose.hang_targets import (
     InspectError,
-    add_hang_arguments,
-    decide_progress,
     is_alive,
+    proc_cmdline,
+    proc_env_rank,
+    proc_parent,
+    proc_state,
     ranks_from_match,
     read_rank_files,
-    run_hang_command,
 )
 
 FAKE_PY_SPY = """#!/bin/sh
@@ -103,8 +106,8 @@ class FakeWorld:
         self.procs.append(proc)
         deadline = time.time() + 60  # the parent returns mid-exec: wait for the new cmdline and environ
         while time.time() < deadline and not (
-            "time.sleep(300)" in (hang._proc_cmdline(proc.pid) or "")
-            and (not env or hang._proc_env_rank(proc.pid) is not None or "RANK" not in env)
+            "time.sleep(300)" in (proc_cmdline(proc.pid) or "")
+            and (not env or proc_env_rank(proc.pid) is not None or "RANK" not in env)
         ):
             time.sleep(0.01)
         return proc.pid
@@ -250,9 +253,9 @@ def test_zombie_counts_as_exited(world: FakeWorld) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     world.procs.append(proc)
     deadline = time.time() + 60
-    while hang._proc_state(proc.pid) not in ("Z", None) and time.time() < deadline:
+    while proc_state(proc.pid) not in ("Z", None) and time.time() < deadline:
         time.sleep(0.05)
-    assert hang._proc_state(proc.pid) == "Z"  # exited, not yet reaped by us
+    assert proc_state(proc.pid) == "Z"  # exited, not yet reaped by us
     assert not is_alive(proc.pid)
     assert is_alive(os.getpid())
 
@@ -277,7 +280,7 @@ def test_match_ranks_by_env_rank_and_skips_launchers(world: FakeWorld) -> None:
     world.procs.append(forking)
     deadline = time.time() + 60
     while not any(
-        hang._proc_parent(int(e.name)) == forking.pid for e in Path("/proc").iterdir() if e.name.isdigit()
+        proc_parent(int(e.name)) == forking.pid for e in Path("/proc").iterdir() if e.name.isdigit()
     ):
         assert time.time() < deadline, "the forking rank did not fork"
         time.sleep(0.05)
@@ -419,7 +422,7 @@ def test_py_spy_missing_is_exit_2(world: FakeWorld, capsys, monkeypatch) -> None
     code = run_hang_command(cli(world, "--pid", str(pid), py_spy=str(world.tmp / "nope")))
     assert code == 2 and "--py-spy" in capsys.readouterr().err
     monkeypatch.setenv("PATH", str(world.tmp / "empty-bin"))
-    monkeypatch.setattr(hang, "PY_SPY_FALLBACK_DIRS", ())
+    monkeypatch.setattr(pyspy, "PY_SPY_FALLBACK_DIRS", ())
     parser = argparse.ArgumentParser()
     add_hang_arguments(parser)
     code = run_hang_command(parser.parse_args(["--pid", str(pid)]))

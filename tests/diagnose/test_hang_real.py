@@ -1,7 +1,7 @@
 """`grpolab diagnose hang` on REAL hangs: gloo ranks on CPU blocked for real, py-spy for real.
 
 The hangs come from fixtures/hangs (independent rank processes, each scenario one AReaL pattern);
-the slow test hangs a real `grpolab train --nproc-per-node 2` run with the fault action
+one test hangs a real `grpolab train --nproc-per-node 2` run with the fault action
 `sleep_forever_at_end`. Every test kills its processes in a `finally` (fixture teardown).
 """
 
@@ -264,7 +264,6 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
-@pytest.mark.slow  # 17-20 s on a shared 2-core machine: it would take the default suite past a minute
 def test_real_train_run_hung_by_sleep_forever_at_end(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     actions = '[{"at_rollout": 0, "action": "sleep_forever_at_end", "rank": 1}]'
@@ -295,7 +294,8 @@ def test_real_train_run_hung_by_sleep_forever_at_end(tmp_path: Path, capsys) -> 
         assert re.search(r"rank 0 waits? in all_gather_object", verdict["title"]), verdict["title"]
         assert "rank 1 has not arrived (straggler)" in verdict["title"]
         by_rank = rows(report)
-        assert by_rank[0]["call_site"].startswith("all_gather_objects (")
+        # grpolab's core/dist.py wrappers are skipped, so the call site is the loop line
+        assert by_rank[0]["call_site"].startswith("GRPORun._gather ("), by_rank[0]
         assert by_rank[1]["where"].startswith("sleep_forever_injected (")
         assert report["ranks"][1]["heartbeat"]["phase"] == "fault:sleep_forever_at_end"
 

@@ -19,8 +19,12 @@ from pathlib import Path
 import pytest
 
 from grpolab.diagnose.dead_engine import WatchdogRule, error_times, replay_rule
-from grpolab.diagnose.logdoctor import NeedleFinder, main, scan_file
-from grpolab.diagnose.logrules import SIGNATURES, LogRules, RuleOptions, metric_value, trim_line
+from grpolab.diagnose.logdoctor import main
+from grpolab.diagnose.logrules import RuleOptions, trim_line
+from grpolab.diagnose.logscan import scan_file
+from grpolab.diagnose.needles import NeedleFinder
+from grpolab.diagnose.rules_metrics import metric_value
+from grpolab.diagnose.ruleset import LogRules
 
 REPO = Path(__file__).resolve().parents[2]
 LOGS = REPO / "fixtures" / "logs"
@@ -325,7 +329,7 @@ def test_bucket_counting_matches_a_per_line_replay(tmp_path, chunk):
 @pytest.mark.parametrize(("interval", "window"), [(30, 60), (20, 50), (15, 15), (45, 60)])
 def test_buckets_give_every_check_its_exact_count(interval, window):
     from grpolab.diagnose.dead_engine import count_in_window
-    from grpolab.diagnose.logrules import EngineErrors
+    from grpolab.diagnose.rules_dead_engine import EngineErrors
 
     rnd = random.Random(interval * 100 + window)
     rule = WatchdogRule(interval=interval, window=window)
@@ -443,7 +447,7 @@ def test_line_numbers_after_chunks_without_needles(tmp_path):
 
 
 def test_needle_finder_finds_every_occurrence():
-    needles = [s.needle for s in SIGNATURES]
+    needles = list(LogRules("x.log").needles)
     rnd = random.Random(0)
     alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .:'{}`<>=_-/[]()\n"
     for trial in range(30):
@@ -465,16 +469,63 @@ def test_needle_finder_finds_every_occurrence():
         assert got == want, trial
 
 
+def test_rules_are_registered_by_id():
+    from grpolab.diagnose.logrules import RULES, Rule, register
+
+    assert set(RULES.names()) == {
+        "reward_module_missing",
+        "fa3_sm",
+        "ray_oom",
+        "attn_implementation",
+        "engine_oom_start",
+        "cuda_oom",
+        "illegal_memory_access",
+        "inductor_cache",
+        "nccl_weight_update",
+        "segfault",
+        "nccl_watchdog_timeout",
+        "step0_gap",
+        "kl_nonzero_step0",
+        "grad_norm_nan",
+        "reward_nonfinite",
+        "wandb_group",
+        "dead_engine",
+        "engine_503_bursts",
+    }
+    again = type("Again", (Rule,), {"id": "fa3_sm", "severity": "error", "source": "x"})
+    with pytest.raises(ValueError, match="'fa3_sm' is already registered"):
+        register(again)
+    with pytest.raises(ValueError, match="unknown log doctor rule 'fa3'; valid: .*fa3_sm"):
+        RULES.get("fa3")
+    split = type("Split", (Rule,), {"id": "split", "severity": "error", "needles": (b"a\nb",)})
+    with pytest.raises(ValueError, match="plain ASCII without a newline"):
+        register(split)
+    blind = type("Blind", (Rule,), {"id": "blind", "severity": "error", "needles": (b"boom",)})
+    with pytest.raises(ValueError, match="has needles but no observe"):
+        register(blind)
+    assert "split" not in RULES.names() and "blind" not in RULES.names()
+    with pytest.raises(
+        ValueError, match="is not a registered rule; registered: attn_implementation, cuda_oom"
+    ):
+        LogRules("x.log").rule(again)
+    # the scanner looks for the needles of the registered rules, each once
+    needles = LogRules("x.log").needles
+    assert len(set(needles)) == len(needles)
+    assert {n for kind in RULES.values() for n in kind.needles} <= set(needles)
+
+
 def test_context_is_required():
     # a TypeError without wandb, a JSONDecodeError without inductor, a segfault without a weight update
     rules_ = LogRules("x.log")
-    rules_.on_line(["none_plus_str"], 3, "TypeError: unsupported operand type(s) for +: 'NoneType' and 'str'")
     rules_.on_line(
-        ["json_decode_error"], 9, "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)"
+        [b"'NoneType' and 'str'"], 3, "TypeError: unsupported operand type(s) for +: 'NoneType' and 'str'"
     )
-    rules_.on_line(["segfault"], 20, "Segmentation fault (core dumped)")
     rules_.on_line(
-        ["segfault"],
+        [b"JSONDecodeError"], 9, "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)"
+    )
+    rules_.on_line([b"Segmentation fault"], 20, "Segmentation fault (core dumped)")
+    rules_.on_line(
+        [b"SIGSEGV"],
         30,
         "(raylet) The worker died. There are some potential root causes. (3) The worker is crashed unexpectedly due "
         "to SIGSEGV or other unexpected errors.",
@@ -488,11 +539,11 @@ def test_context_is_required():
 
 def test_module_error_followed_by_rollouts_is_not_flagged():
     rules_ = LogRules("x.log")
-    rules_.on_line(["module_not_found"], 2, "ModuleNotFoundError: No module named 'flash_attn'")
-    rules_.on_line(["metric_line"], 9, "rollout 0: {'rollout/raw_reward': 0.5, 'rollout/step': 0}")
+    rules_.on_line([b"ModuleNotFoundError"], 2, "ModuleNotFoundError: No module named 'flash_attn'")
+    rules_.on_line([b": {'"], 9, "rollout 0: {'rollout/raw_reward': 0.5, 'rollout/step': 0}")
     assert rules_.finish() == []
     # the same error after the last rollout line is flagged
-    rules_.on_line(["module_not_found"], 12, "ModuleNotFoundError: No module named 'my_rewards'")
+    rules_.on_line([b"ModuleNotFoundError"], 12, "ModuleNotFoundError: No module named 'my_rewards'")
     (finding,) = rules_.finish()
     assert finding.rule == "reward_module_missing" and finding.details["module"] == "my_rewards"
     assert [e.line for e in finding.evidence] == [12] and "rollouts ran before it" in finding.title
@@ -500,9 +551,9 @@ def test_module_error_followed_by_rollouts_is_not_flagged():
 
 def test_cuda_oom_after_the_first_rollout_is_not_an_engine_start_problem():
     rules_ = LogRules("x.log")
-    rules_.on_line(["metric_line"], 4, "rollout 0: {'rollout/raw_reward': 0.5, 'rollout/step': 0}")
+    rules_.on_line([b": {'"], 4, "rollout 0: {'rollout/raw_reward': 0.5, 'rollout/step': 0}")
     rules_.on_line(
-        ["cuda_oom"], 30, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+        [b"CUDA out of memory"], 30, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
     )
     (finding,) = rules_.finish()
     assert (finding.rule, finding.severity, finding.evidence[0].line) == ("cuda_oom", "error", 30)
