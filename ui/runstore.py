@@ -6,6 +6,11 @@ directories: Miles/slime logs, read with `grpolab.core.foreign_logs`, the parser
 uses). Both come out in one shape: `read_scalars` → a frame indexed by (run, kind, step) where
 step is the train step for `step` rows and the rollout id for every other kind.
 
+Diagnose outputs: `read_hang_reports` gives each `grpolab diagnose hang` report kept under
+RUN_DIR/diagnose/<UTC stamp>/ (verdict.json and the rank<r>.txt dumps), `read_diagnose` any other
+JSON there, and `read_log_findings` runs the log doctor (`grpolab diagnose log`) on a run's
+console.log or on a console log itself.
+
 Every file read is cached by (size, mtime_ns): a call returns the very same object until one
 of the files behind it changes. Caches are bounded (LRU). A half-written last line of a live run
 is skipped. Nothing here writes.
@@ -18,6 +23,8 @@ it grew in the last 5 minutes, else "ended".
 
 from __future__ import annotations
 
+import calendar
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +35,8 @@ import numpy as np
 import pandas as pd
 
 from grpolab.core.foreign_logs import ParsedLog, parse_file
+from grpolab.diagnose.gpu import GPU_FILE
+from grpolab.diagnose.logscan import FileScan, scan_file
 from grpolab.replay.recording import RolloutRecording, load_rollout
 from grpolab.ui import discovery, logprob_gap, readers
 
@@ -61,6 +70,56 @@ class RunInfo:
     start_time: float | None
     deterministic: dict[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StoredHangReport:
+    """One `grpolab diagnose hang` report kept in a run directory.
+
+    Attributes:
+        folder: its folder relative to the run directory (`diagnose/20261130T024635Z`).
+        taken: when it was written, unix seconds: the folder's UTC stamp (`new_dump_dir`'s
+            `%Y%m%dT%H%M%SZ`, `-2`… suffix allowed), else verdict.json's mtime.
+        report: verdict.json (`HangReport.to_dict`: verdict{kind, pattern, hung, title, evidence,
+            rows, next_steps}, hung, progress, ranks, missing_ranks, notes, elapsed_s, ...);
+            {} when it does not parse.
+        dumps: rank → the text of rank<r>.txt (py-spy's stacks of every sample), by rank.
+    """
+
+    folder: str
+    taken: float
+    report: dict[str, Any]
+    dumps: dict[int, str]
+
+
+HANG_VERDICT = "verdict.json"
+"""The file that makes a folder under RUN_DIR/diagnose/ a hang report (written last by `write_dumps`)."""
+_RANK_DUMP = re.compile(r"rank(\d+)\.(txt|json)")
+_STAMP = re.compile(r"(\d{8}T\d{6}Z)(?:-(\d+))?")
+
+
+def _stamp_order(folder: Path) -> tuple[float, int]:
+    """(unix seconds, suffix) of a `20261130T024635Z[-n]` folder; verdict.json's mtime when unstamped."""
+    m = _STAMP.fullmatch(folder.name)
+    if m is None:
+        sig = readers.file_signature(folder / HANG_VERDICT)
+        return (sig[1] / 1e9 if sig else 0.0, 0)
+    return (float(calendar.timegm(time.strptime(m[1], "%Y%m%dT%H%M%SZ"))), int(m[2] or 1))
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        return f"(cannot read {path.name}: {e.strerror or e})"
+
+
+def _scan_log(path: Path) -> FileScan:
+    """The log doctor's scan of one file; an unreadable file gives a FileScan with `error` set."""
+    try:
+        return scan_file(path, name=path.name)
+    except OSError as e:
+        return FileScan(file=path.name, error=e.strerror or str(e))
 
 
 class RunStore:
@@ -258,20 +317,59 @@ class RunStore:
     def read_gpu(self, run_id: str) -> pd.DataFrame:
         """gpu.jsonl samples (time, throttle fields, ...) as a frame; empty when absent."""
         path, source = self._locate(run_id)
-        rows = [] if source != "grpolab" else self._jsonl(path / "gpu.jsonl").rows
+        rows = [] if source != "grpolab" else self._jsonl(path / GPU_FILE).rows
         return pd.DataFrame(rows) if rows else pd.DataFrame({"time": pd.Series([], dtype="float64")})
 
-    def read_diagnose(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
-        """JSON reports under RUN_DIR/diagnose/ (any depth): (relative path, object), sorted by path."""
+    def _diagnose_files(self, run_id: str) -> list[Path]:
         path, source = self._locate(run_id)
         folder = path / "diagnose"
-        if source != "grpolab" or not folder.is_dir():
-            return []
+        return sorted(folder.rglob("*.json")) if source == "grpolab" and folder.is_dir() else []
+
+    def read_hang_reports(self, run_id: str) -> list[StoredHangReport]:
+        """The `grpolab diagnose hang` reports under RUN_DIR/diagnose/ (folders holding verdict.json),
+        newest first ([] for logs). Each file is read through the cache."""
+        path, _ = self._locate(run_id)
         out = []
-        for f in sorted(folder.rglob("*.json")):
+        for verdict in (f for f in self._diagnose_files(run_id) if f.name == HANG_VERDICT):
+            folder = verdict.parent
+            dumps = {}
+            for f in folder.glob("rank*.txt"):
+                m = _RANK_DUMP.fullmatch(f.name)
+                if m:
+                    dumps[int(m[1])] = self._cached(f, "text", _read_text)
+            order = _stamp_order(folder)
+            rel = folder.relative_to(path).as_posix()
+            report = StoredHangReport(rel, order[0], self._json(verdict) or {}, dict(sorted(dumps.items())))
+            out.append((order, report))
+        return [report for _, report in sorted(out, key=lambda t: t[0], reverse=True)]
+
+    def read_diagnose(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """Other JSON files under RUN_DIR/diagnose/ (any depth): (relative path, object), sorted by path.
+
+        A hang report's verdict.json and its parsed stacks (rank<r>.json next to rank<r>.txt) are
+        left out: `read_hang_reports` gives them. An unreadable file gives {"error": "unreadable"}.
+        """
+        path, _ = self._locate(run_id)
+        out = []
+        for f in self._diagnose_files(run_id):
+            m = _RANK_DUMP.fullmatch(f.name)
+            if f.name == HANG_VERDICT or (m and (f.parent / f"rank{m[1]}.txt").exists()):
+                continue
             obj = self._json(f)
             out.append((f.relative_to(path).as_posix(), obj if obj is not None else {"error": "unreadable"}))
         return out
+
+    def log_file(self, run_id: str) -> Path:
+        """The console log the log doctor reads: RUN_DIR/console.log, or the log file itself."""
+        path, source = self._locate(run_id)
+        return path / "console.log" if source == "grpolab" else path
+
+    def read_log_findings(self, run_id: str) -> FileScan | None:
+        """The log doctor's findings on `log_file(run_id)` (`grpolab diagnose log`, rules of
+        grpolab.diagnose.logrules), evidence named by the file's name; None when there is no such
+        file. Cached until the file's (size, mtime) changes; `error` is set when it cannot be read."""
+        log = self.log_file(run_id)
+        return self._cached(log, "logscan", _scan_log) if log.is_file() else None
 
     def run_path(self, run_id: str) -> Path:
         """The run directory or log file behind `run_id`."""

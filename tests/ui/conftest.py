@@ -74,3 +74,86 @@ def ui_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copy(LOGS / log, root / "logs" / log)
         os.utime(root / "logs" / log, (hour_ago, hour_ago))
     return root
+
+
+HANG_STAMP = "20261130T024635Z"
+"""The newest hang report of `hang_run` (an older, not-hung one is kept at 20261129T100000Z)."""
+FA3_LINE = (
+    "AssertionError: FlashAttention v3 Backend requires SM>=80 and SM<=90. "
+    "Please use `--attention-backend flashinfer`."
+)
+"""The log doctor's fa3_sm signature (fixtures/logs/miles_dead_engine.log line 3)."""
+
+_WHERE = {
+    "all_reduce": "all_reduce (torch/distributed/distributed_c10d.py:3252) ← train_step (hang_world.py:132)",
+    "barrier": "barrier (torch/distributed/distributed_c10d.py:5356) ← save_checkpoint (hang_world.py:173)",
+}
+
+
+def _row(rank: int, collective: str) -> dict:
+    return {
+        "rank": rank, "pid": 14579 + rank, "state": "collective", "where": _WHERE[collective],
+        "collective": collective, "call_site": _WHERE[collective].split(" ← ")[1],
+        "heartbeat_age_s": 3.858 + rank / 1000, "thread": "MainThread", "unchanged": True,
+        "native_wait": None, "exit_code": None,
+    }  # fmt: skip
+
+
+def _verdict(hung: bool) -> dict:
+    """A verdict.json as `grpolab diagnose hang` wrote it for a 3-rank 'mismatch' hang fixture
+    (trimmed: ranks, run and command left out), or for a run that progressed."""
+    title = (
+        "Mismatched collectives (pattern B): rank 1 waits in barrier, ranks 0, 2 in all_reduce"
+        if hung
+        else "Not hung: the ranks progressed between the two samples"
+    )
+    return {
+        "verdict": {
+            "kind": "mismatched_collectives" if hung else "not_hung",
+            "pattern": "B" if hung else None,
+            "hung": hung,
+            "title": title,
+            "evidence": [
+                "ranks 0, 2 wait in all_reduce (torch/distributed/distributed_c10d.py:3252)",
+                "rank 1 waits in barrier (torch/distributed/distributed_c10d.py:5356) ← save_checkpoint",
+            ],
+            "rows": [_row(0, "all_reduce"), _row(1, "barrier"), _row(2, "all_reduce")],
+            "next_steps": [
+                "Make the code path that reaches save_checkpoint (hang_world.py:173) run on every rank or on none.",
+                "Set TORCH_DISTRIBUTED_DEBUG=DETAIL: torch.distributed reports collectives that do not match.",
+            ],
+        },
+        "hung": hung,
+        "exit_code": int(hung),
+        "progress": {
+            "progressed": not hung,
+            "reason": "every rank's stack is identical in two samples 2 s apart" if hung else "rank 0 moved",
+            "note": "the hang is younger than --stall-seconds 120" if hung else None,
+        },
+        "missing_ranks": {},
+        "notes": ["rank 3's rank file does not parse"] if hung else [],
+        "elapsed_s": 2.081,
+    }
+
+
+@pytest.fixture
+def hang_run(tmp_path: Path) -> Path:
+    """tmp_path/hung: a run directory as `grpolab diagnose hang RUN_DIR` leaves it (two reports, each with
+    rank<r>.txt and rank<r>.json), plus one other JSON under diagnose/ and a console.log with FA3_LINE
+    on line 3."""
+    run = tmp_path / "hung"
+    (run / "ranks").mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"name": run.name, "config": {}, "seed": 1}))
+    for stamp, hung in ((HANG_STAMP, True), ("20261129T100000Z", False)):
+        folder = run / "diagnose" / stamp
+        folder.mkdir(parents=True)
+        for rank, frame in enumerate(("all_reduce", "barrier", "all_reduce")):
+            stack = f'# rank {rank}, pid {14579 + rank}, host vm\nThread (idle): "MainThread"\n    {_WHERE[frame]}\n'
+            (folder / f"rank{rank}.txt").write_text(stack)
+            (folder / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "samples": []}))
+        (folder / "verdict.json").write_text(json.dumps(_verdict(hung)))
+    (run / "diagnose" / "extra").mkdir()
+    (run / "diagnose" / "extra" / "summary.json").write_text(json.dumps({"tool": "custom", "ok": True}))
+    lines = ["[grpolab] run start", "[grpolab] engine: starting", FA3_LINE, "[grpolab] run end"]
+    (run / "console.log").write_text("\n".join(lines) + "\n")
+    return run

@@ -163,25 +163,66 @@ def test_rollouts_page_recomputes_the_gap(ui_root: Path, monkeypatch: pytest.Mon
     assert any("no checkpoint of the weights before rollout 1" in i for i in _texts(at, "info"))
 
 
-def test_diagnose_page(ui_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _plain(markdown: str) -> str:
+    """Markdown as the page wrote it, without its backslash escapes."""
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
+def test_diagnose_page_shows_hang_reports_and_log_findings(
+    hang_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at = _app(monkeypatch, hang_run.parent, selected=["hung"])
+    at.switch_page("app_pages/diagnose.py").run()
+    assert not at.exception
+    titles = [_plain(t) for t in _texts(at, "subheader")]
+    assert titles == [  # newest report first
+        "Mismatched collectives (pattern B): rank 1 waits in barrier, ranks 0, 2 in all_reduce",
+        "Not hung: the ranks progressed between the two samples",
+    ]
+    assert any(e.startswith("**Hung** · AReaL pattern B · every rank's stack") for e in _texts(at, "error"))
+    assert any(e.startswith("**Not hung** · rank 0 moved") for e in _texts(at, "success"))
+    assert any(
+        c.startswith("Taken 2026-11-30 02:46:35 UTC · diagnose/20261130T024635Z/")
+        for c in _texts(at, "caption")
+    )
+    rows = at.dataframe[0].value.set_index("rank")
+    assert list(rows.columns) == ["pid", "state", "heartbeat age (s)", "where"]
+    assert rows.loc[1, "pid"] == 14580 and rows.loc[1, "state"] == "collective"
+    assert rows.loc[1, "where"].startswith("barrier (torch/distributed/distributed_c10d.py:5356)")
+    assert rows.loc[1, "heartbeat age (s)"] == pytest.approx(3.859)
+    markdown = [_plain(m) for m in _texts(at, "markdown")]
+    assert any(
+        "1. Make the code path that reaches save_checkpoint (hang_world.py:173)" in m and "\n2. Set " in m
+        for m in markdown
+    )
+    assert any(m.startswith("**Evidence**") and "- rank 1 waits in barrier" in m for m in markdown)
+    assert any("- rank 3's rank file does not parse" in m for m in markdown)  # the notes
+    labels = [e.label for e in at.expander]
+    assert labels[:3] == [f"rank {r}: py-spy dump (rank{r}.txt)" for r in range(3)]
+    assert not any("rank0.json" in label or "verdict.json" in label for label in labels)
+    assert "diagnose/extra/summary.json" in labels  # any other JSON keeps the generic view
+    assert any(c.startswith("# rank 1, pid 14580") and "barrier (torch" in c for c in _texts(at, "code"))
+    # the log doctor on console.log: the FlashAttention 3 signature on line 3
+    assert any(e.startswith("**ERROR** · `fa3_sm` · ") for e in _texts(at, "error"))
+    assert "3  AssertionError: FlashAttention v3 Backend requires SM>=80" in _texts(at, "code")[-1]
+    assert any("4 lines scanned" in c for c in _texts(at, "caption"))
+
+
+def test_diagnose_page_on_a_clean_run_and_a_miles_log(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(monkeypatch, ui_root, selected=["a"])
     at.switch_page("app_pages/diagnose.py").run()
     assert not at.exception
-    assert any(i.startswith("No diagnose reports yet for a") for i in _texts(at, "info"))
-    run = tmp_path / "hung"
-    (run / "diagnose" / "20261017-160000").mkdir(parents=True)
-    (run / "run.json").write_text(json.dumps({"name": "hung", "config": {}, "seed": 1}))
-    report = {
-        "verdict": "B: mismatched collectives",
-        "ranks": [{"rank": 0, "frame": "all_reduce"}, {"rank": 1, "frame": "barrier"}],
-    }
-    (run / "diagnose" / "20261017-160000" / "hang.json").write_text(json.dumps(report))
-    at = _app(monkeypatch, tmp_path, selected=["hung"])
-    at.switch_page("app_pages/diagnose.py").run()
+    assert any(i.startswith("No hang reports yet for a") for i in _texts(at, "info"))
+    lines = len((ui_root / "a" / "console.log").read_text().splitlines())
+    assert lines > 0
+    expect = f"No known failure signature in console.log ({lines:,} lines scanned)."
+    assert expect in _texts(at, "success")
+    at.selectbox(key="diagnose_run").set_value("logs/miles_dead_engine.log").run()
     assert not at.exception
-    fields = at.dataframe[0].value.set_index("field")
-    assert fields.loc["verdict", "value"] == "B: mismatched collectives"
-    assert at.dataframe[1].value["frame"].tolist() == ["all_reduce", "barrier"]
+    assert not _texts(at, "subheader")  # a console log has no hang reports
+    assert any(e.startswith("**ERROR** · `fa3_sm` · ") for e in _texts(at, "error"))
+    assert any(i.startswith("**INFO** · `engine_503_bursts` · 2 × 503") for i in _texts(at, "info"))
+    assert _texts(at, "code")[0].startswith("3  AssertionError: FlashAttention v3")
 
 
 def test_bad_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -203,3 +203,34 @@ def test_config_events_rollouts_gpu_diagnose(ui_root: Path, tmp_path: Path) -> N
 def test_unknown_run_raises_key_error(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match="no run 'nope'"):
         RunStore([tmp_path]).frame("nope")
+
+
+def test_hang_reports_newest_first_without_their_parsed_stacks(hang_run: Path) -> None:
+    store = RunStore([hang_run.parent])
+    hangs = store.read_hang_reports("hung")
+    assert [h.folder for h in hangs] == ["diagnose/20261130T024635Z", "diagnose/20261129T100000Z"]
+    assert hangs[0].taken == 1796006795.0  # 2026-11-30 02:46:35 UTC
+    assert hangs[0].report["verdict"]["pattern"] == "B" and hangs[1].report["hung"] is False
+    assert list(hangs[0].dumps) == [0, 1, 2] and "save_checkpoint" in hangs[0].dumps[1]
+    assert store.read_diagnose("hung") == [("diagnose/extra/summary.json", {"tool": "custom", "ok": True})]
+    assert store.read_hang_reports("hung")[0].report is hangs[0].report  # cached
+
+
+def test_log_findings_are_cached_until_the_log_changes(hang_run: Path, tmp_path: Path) -> None:
+    shutil.copy(LOGS / "miles_plain.log", tmp_path / "plain.log")
+    store = RunStore([tmp_path])
+    store.list_runs()
+    scan = store.read_log_findings("hung")
+    assert scan is not None and scan.file == "console.log" and scan.lines == 4
+    assert [(f.rule, f.severity, f.evidence[0].line) for f in scan.findings] == [("fa3_sm", "error", 3)]
+    assert store.read_log_findings("hung") is scan
+    log = hang_run / "console.log"
+    with open(log, "a") as f:
+        f.write("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    again = store.read_log_findings("hung")
+    assert again is not scan and again.lines == 5
+    assert [(f.rule, f.evidence[0].line) for f in again.findings] == [("fa3_sm", 3), ("engine_oom_start", 5)]
+    assert store.read_log_findings("plain.log") is not None  # a console log is read as itself
+    assert store.log_file("plain.log") == tmp_path / "plain.log"
+    log.unlink()
+    assert store.read_log_findings("hung") is None
