@@ -258,7 +258,7 @@ TRAIN_FLAGS: list[tuple[str, str, str, Any, str]] = [
         "run",
         "gpu_sample_interval",
         float,
-        "seconds between GPU samples in gpu.jsonl (0 disables; default 1)",
+        "seconds between GPU samples in gpu.jsonl (0 disables, else >= 0.1; default 1)",
     ),
     ("--run-dir", "run", "run_dir", str, "run directory (default runs/<time>-s<seed>)"),
     ("--seed", "run", "seed", int, "run seed"),
@@ -352,7 +352,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="grpolab", description="A GRPO trainer built for debugging and reproducing RL runs."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="run GRPO and write a run directory", allow_abbrev=False)
+    train = sub.add_parser(
+        "train",
+        help="run GRPO and write a run directory",
+        usage="%(prog)s [--FLAG VALUE ...]  (grpolab train --help lists the flags)",
+        allow_abbrev=False,
+    )
     add_train_flags(train)
     from grpolab.replay.cli import add_replay_parser
 
@@ -367,7 +372,20 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.diagnose.cli import add_diagnose_parsers
 
     add_diagnose_parsers(sub)
+    sub.metavar = "{" + ",".join(sub.choices) + "}"  # "required: {train,…}", not the dest's name
     return parser
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of `grpolab <name>` inside `build_parser()`'s parser (its errors show its own usage).
+
+    Raises:
+        KeyError: no such subcommand.
+    """
+    for action in parser._actions:  # argparse keeps subparsers only there
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise KeyError(name)
 
 
 def launch_torchrun(nproc: int, argv: list[str]) -> int:
@@ -429,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             config = config_from_args(args)
         except ValueError as e:
-            parser.error(str(e))
+            subcommand_parser(parser, "train").error(str(e))  # usage: grpolab train …
         if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
             return launch_torchrun(args.nproc_per_node, argv)
         from grpolab.checkers.errors import CheckFailure

@@ -8,10 +8,15 @@ rank only, a genuine hang, or an engine that stops under a live trainer. These a
 
 | action                   | point (`maybe_fire`) | effect                                                        |
 | ------------------------ | -------------------- | ------------------------------------------------------------- |
-| `crash_before_allreduce` | `before_allreduce`   | log to stderr, `os._exit(1)` (Miles' action, same exit)       |
+| `crash_before_allreduce` | `before_allreduce`   | `os._exit(1)` (Miles' action, same exit)                      |
 | `raise_in_train`         | `train`              | raise `InjectedFault` (a `RuntimeError`) on that rank only    |
 | `sleep_forever_at_end`   | `end_of_rollout`     | `time.sleep(3600)` in a loop forever, in `sleep_forever_injected` |
 | `stop_engine_at_end`     | `end_of_rollout`     | call the `on_stop_engine` callback (the engine shutdown)      |
+
+Each action announces itself first with `[grpolab fault] injecting <action> on rank R at rollout N`
+on stderr (every rank) and, where the `grpolab` logger has handlers (a run), in console.log too (at
+warning level, so ranks other than 0, whose logger keeps warnings only, do not drop it), so that
+`grpolab diagnose log` tells an injected failure from a real one.
 
 Validation is strict like Miles' pydantic model: unknown fields, wrong types (a bool is not an
 int), a missing field or malformed JSON raise `ValueError` naming `--ci-ft-test-actions`, the item
@@ -22,6 +27,7 @@ index and the field. Differences from Miles: no FT cells (Miles' `stop_cell_at_e
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -30,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 FLAG = "--ci-ft-test-actions"
+NOTICE_PREFIX = "[grpolab fault] injecting "
+"""How the line announcing a fault starts (the log doctor's `fault_injected` rule looks for it)."""
 FAULT_POINTS = ("before_allreduce", "train", "end_of_rollout")
 ACTION_POINTS = {
     "crash_before_allreduce": "before_allreduce",
@@ -166,6 +174,21 @@ def sleep_forever_injected() -> NoReturn:
         time.sleep(3600)
 
 
+def _announce(line: str) -> None:
+    """`line` on stderr, and into console.log through the `grpolab` logger when it has handlers.
+
+    The logger record skips stdout (`CONSOLE_LOG_ONLY`): the terminal already has the line on stderr.
+    Without handlers (the injector outside a run) nothing is logged, so logging's last-resort handler
+    does not print the line on stderr a second time.
+    """
+    print(line, file=sys.stderr, flush=True)
+    logger = logging.getLogger("grpolab")
+    if logger.hasHandlers():
+        from grpolab.core.rundir import CONSOLE_LOG_ONLY
+
+        logger.warning(line, extra=CONSOLE_LOG_ONLY)
+
+
 class FaultInjector:
     """Fires this rank's `--ci-ft-test-actions` at the points the training loop passes.
 
@@ -240,7 +263,7 @@ class FaultInjector:
 
     def _fire(self, index: int, action: FaultAction, rollout_id: int) -> None:
         what = f"{action.action} on rank {self.rank} at rollout {rollout_id} ({FLAG} item {index})"
-        print(f"[grpolab fault] injecting {what}", file=sys.stderr, flush=True)
+        _announce(NOTICE_PREFIX + what)
         if action.action == "crash_before_allreduce":
             try:
                 if self._on_fire is not None:

@@ -442,6 +442,13 @@ class CIConfig:
             parse_fault_actions(self.ci_ft_test_actions)  # ValueError names the flag and the field
 
 
+MIN_GPU_SAMPLE_INTERVAL_S = 0.1
+"""grpolab's floor for `--gpu-sample-interval` (seconds): NVML's utilization is measured over a sample
+period "between 1 second and 1/6 second, depending on the product" (NVML API reference,
+nvmlUtilization_t), so sampling faster than 0.1 s reads the same figures again while gpu.jsonl grows
+(one line per GPU per sample); gpustat uses the same 0.1 s floor."""
+
+
 @dataclass(kw_only=True)
 class RunConfig:
     """Where the run directory goes and the run seed."""
@@ -455,8 +462,8 @@ class RunConfig:
     debug_deterministic_collective: bool = False
     """`--debug-deterministic-collective`: det_gloo/det_nccl backend, deterministic algorithms, 1 thread unless --num-threads."""
     gpu_sample_interval: float = 1.0
-    """`--gpu-sample-interval`: seconds between NVML samples written to `gpu.jsonl` (0 disables;
-    nothing is sampled without an NVIDIA driver)."""
+    """`--gpu-sample-interval`: seconds between NVML samples written to `gpu.jsonl` (0 disables, else at
+    least MIN_GPU_SAMPLE_INTERVAL_S; nothing is sampled without an NVIDIA driver)."""
 
     def __post_init__(self) -> None:
         _require(
@@ -466,9 +473,12 @@ class RunConfig:
             self.num_threads is None or self.num_threads >= 1,
             f"--num-threads must be >= 1, got {self.num_threads}",
         )
+        interval = self.gpu_sample_interval
         _require(
-            0 <= self.gpu_sample_interval < math.inf,
-            f"--gpu-sample-interval must be a finite number of seconds >= 0, got {self.gpu_sample_interval}",
+            interval == 0 or MIN_GPU_SAMPLE_INTERVAL_S <= interval < math.inf,
+            f"--gpu-sample-interval must be 0 (no GPU sampling) or a finite number of seconds >= "
+            f"{MIN_GPU_SAMPLE_INTERVAL_S:g}, got {interval:g} (NVML's utilization covers a sample period of "
+            "1/6 s to 1 s, so faster sampling repeats its readings and only grows gpu.jsonl)",
         )
 
 

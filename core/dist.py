@@ -115,5 +115,9 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def shutdown(ctx: DistContext) -> None:
+    """Leave the world after a finished run: a barrier first, so no rank closes its connections
+    while a peer is still inside the run's last collective (gloo then fails that peer with
+    "Connection closed by peer"), then `destroy_process_group`."""
     if ctx.distributed and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()

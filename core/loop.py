@@ -39,7 +39,7 @@ from grpolab.core.evaluation import evaluate
 from grpolab.core.metrics import PhaseTimer, format_line, rollout_metrics, summary_row
 from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
 from grpolab.core.rollout import RolloutProducer
-from grpolab.core.rundir import RunDirectory, describe_exception, setup_console_logging
+from grpolab.core.rundir import CONSOLE_LOG_ONLY, RunDirectory, describe_exception, setup_console_logging
 from grpolab.core.seeding import seed_everything
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
@@ -188,6 +188,7 @@ class GRPORun:
             run = cls(config, run_dir, ctx)
             run._maybe_resume()
         except BaseException as e:
+            _log_end(e)
             run_dir.heartbeat("error", None, error=describe_exception(e))
             run_dir.finish("failed", error=f"{type(e).__name__}: {e}")
             raise
@@ -257,10 +258,12 @@ class GRPORun:
                 log.info(
                     f"warning: --ci-ft-test-actions: {action.action} at rollout {action.at_rollout} never fired"
                 )
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            _log_end(e)
             self.run_dir.finish("interrupted", rollout_id=self.state.next_rollout_id)
             raise
         except BaseException as e:
+            _log_end(e)
             self.run_dir.heartbeat("error", self.state.next_rollout_id, error=describe_exception(e))
             self.run_dir.finish(
                 "failed", rollout_id=self.state.next_rollout_id, error=f"{type(e).__name__}: {e}"
@@ -439,6 +442,19 @@ class GRPORun:
         self.run_dir.log_metrics(
             kind, index if rollout_id is None else rollout_id, metrics, step=index if kind == "step" else None
         )
+
+
+def _log_end(exc: BaseException) -> None:
+    """The line that ends a failed or interrupted run, into console.log (before `finish` closes it).
+
+    `grpolab train: error: <Type>: <message>` (or `grpolab train: interrupted (<why>)`), so that
+    `grpolab diagnose log RUN/console.log` sees why the run ended. It skips stdout: the `grpolab train`
+    command prints the error on stderr itself, and the terminal should show it once.
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        log.warning(f"grpolab train: interrupted ({str(exc) or 'Ctrl+C'})", extra=CONSOLE_LOG_ONLY)
+    else:
+        log.error(f"grpolab train: error: {type(exc).__name__}: {exc}", extra=CONSOLE_LOG_ONLY)
 
 
 def _interrupt_on_sigterm() -> None:

@@ -24,6 +24,10 @@ import grpolab
 from grpolab.core.atomic import atomic_write_json
 
 LOGGER_NAME = "grpolab"
+CONSOLE_LOG_ONLY = {"console_log_only": True}
+"""`extra=` of a `grpolab` log record that goes to console.log but not to stdout: a line the terminal
+already gets on stderr (the CLI's final error, a fault-injection notice), kept in console.log so that
+`grpolab diagnose log RUN/console.log` sees it."""
 
 
 def environment_fingerprint() -> dict[str, Any]:
@@ -196,6 +200,7 @@ def setup_console_logging(*, quiet: bool = False) -> logging.Logger:
     """Configure the `grpolab` logger to print bare messages to stdout (idempotent).
 
     `quiet` (ranks other than 0) keeps warnings only, so a multi-rank run prints each line once.
+    Records logged with `extra=CONSOLE_LOG_ONLY` skip stdout (they reach console.log only).
     """
     logger = logging.getLogger(LOGGER_NAME)
     logger.setLevel(logging.WARNING if quiet else logging.INFO)
@@ -203,6 +208,7 @@ def setup_console_logging(*, quiet: bool = False) -> logging.Logger:
     if not any(getattr(h, "_grpolab_stdout", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.addFilter(lambda record: not getattr(record, "console_log_only", False))
         handler._grpolab_stdout = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     return logger

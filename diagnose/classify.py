@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grpolab.diagnose.frames import backend_from_stacks
 from grpolab.diagnose.rank_rows import RankObservation, RankRow, RankView, group_by_collective, view_rank
 from grpolab.diagnose.verdict_text import (
     common_evidence,
@@ -124,11 +125,25 @@ def _kind_label(kind: str) -> str:
     return kind.replace("_", " ")
 
 
-def classify(observations: Sequence[RankObservation], *, progressed: bool = False) -> Verdict:
+def run_backend(observations: Sequence[RankObservation], hint: str | None = None) -> str | None:
+    """The run's communication backend for the advice: "nccl" when `hint` (from the run's config: a
+    cuda device) or any frame says NCCL, else "gloo" when either says gloo, else None."""
+    found = backend_from_stacks(stack for o in observations for stack in o.stacks)
+    for backend in ("nccl", "gloo"):
+        if backend in (hint, found):
+            return backend
+    return None
+
+
+def classify(
+    observations: Sequence[RankObservation], *, progressed: bool = False, backend: str | None = None
+) -> Verdict:
     """Classify a hang from every rank's observation (see the module docstring for the rules).
 
     `progressed` is the caller's finding that heartbeats, metrics or stacks advanced while it
-    watched; it makes the verdict not_hung. Rows come back in rank order.
+    watched; it makes the verdict not_hung. `backend` ("nccl", "gloo" or None) is what the caller
+    knows of the run's backend; frames naming one also count (`run_backend`); the next steps
+    depend on it (env_advice.py). Rows come back in rank order.
 
     Raises:
         ValueError: no observations, a rank listed twice, or nothing to classify (no rank exited
@@ -152,7 +167,7 @@ def classify(observations: Sequence[RankObservation], *, progressed: bool = Fals
         )
     kind = kinds[0]
     builder, pattern = _BUILDERS[kind]
-    title, evidence, steps = builder(views)
+    title, evidence, steps = builder(views, run_backend(observations, backend))
     evidence += common_evidence(views)
     if len(kinds) > 1:
         evidence.append("also fits: " + "; ".join(_kind_label(k) for k in kinds[1:]))

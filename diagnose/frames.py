@@ -10,6 +10,7 @@ to the user's call site; the `where_*` helpers write the "frame ← caller" text
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from grpolab.diagnose.stacks import Frame, ProcessStack, ThreadStack, format_frame
@@ -327,3 +328,27 @@ def collective_threads(stack: ProcessStack) -> list[tuple[ThreadStack, Collectiv
         if collective is not None:
             found.append((thread, collective))
     return found
+
+
+_BACKEND_MARKERS = (
+    ("nccl", ("processgroupnccl", "worknccl", "libnccl", "ncclcomm")),
+    ("gloo", ("processgroupgloo", "gloo::", "libgloo")),
+)
+"""Substrings (lower case) of native frame names or libraries that name the backend a process uses:
+c10d's ProcessGroupNCCL / ProcessGroupGloo classes and the NCCL and gloo libraries (`--native`)."""
+
+
+def backend_from_stacks(stacks: Iterable[ProcessStack]) -> str | None:
+    """ "nccl" or "gloo" when a frame names that backend (NCCL first: a CUDA job's gloo side groups do
+    not make it a gloo run), else None. Python frames of torch.distributed are the same for both, so
+    this usually needs `py-spy dump --native`."""
+    text = " ".join(
+        f"{frame.name} {frame.filename}".lower()
+        for stack in stacks
+        for thread in stack.threads
+        for frame in thread.frames
+    )
+    for backend, markers in _BACKEND_MARKERS:
+        if any(marker in text for marker in markers):
+            return backend
+    return None

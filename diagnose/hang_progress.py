@@ -1,8 +1,10 @@
-"""Did the run progress between the two stack samples? grpolab's hang confirmation rule; pure.
+"""Did the run progress while `grpolab diagnose hang` watched it? grpolab's hang confirmation rule; pure.
 
-`decide_progress` takes what `grpolab diagnose hang` observed and decides:
-- progressed if any `ranks/*.json`, `metrics.jsonl` or `events.jsonl` changed between the two
-  samples (a heartbeat, a metric line or an event was written: the run moves);
+`decide_progress` takes what the command observed and returns one of four outcomes (`OUTCOMES`):
+- hung if a rank of a run directory exited (pid gone or reused) while the run wrote no final status:
+  the other ranks cannot finish a collective without it, whatever else moves;
+- progressed if any `ranks/*.json`, `metrics.jsonl` or `events.jsonl` changed while the ranks were
+  sampled (a heartbeat, a metric line or an event was written: the run moves);
 - otherwise hung if every rank's stack is identical in both samples (nothing moved in `--interval`
   seconds: the AReaL guide's step 1 "confirm the hang", done by machine);
 - otherwise (some stacks moved) hung only if the newest heartbeat / metrics / event is at least
@@ -10,23 +12,31 @@
   Heartbeats are written at phase boundaries only, so a long rollout moves its stacks while its
   heartbeat ages: stale heartbeats alone never make a hang while the stacks still move within the
   stall window.
-With one sample (`--interval 0`) or no rank sampled twice, the age of the newest heartbeat /
-metrics / event against `--stall-seconds` decides alone (with no age at all the run counts as not
-progressed and the reason says so: not confirmed). Without a run directory (`--pid`, `--match`)
-there are no heartbeats: the two samples decide.
+With one sample (`--interval 0`), or when no rank could be sampled twice, nothing can be seen
+moving: hung if the newest heartbeat / metrics / event is at least `--stall-seconds` old, else
+not_confirmed (exit 2, with what to do: take two samples, or wait until the heartbeats are older
+than `--stall-seconds`). Without a run directory (`--pid`, `--match`) there are no heartbeats: the
+two samples decide. The fourth outcome, ended (every process is gone), is decided by the caller.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+OUTCOMES = ("progressed", "hung", "not_confirmed", "ended")
 
 
 @dataclass(frozen=True)
 class ProgressCheck:
-    """Whether the run moved, and the figures the decision used (ages in seconds)."""
+    """What the run did while it was watched, and the figures the decision used (ages in seconds).
 
-    progressed: bool
+    `outcome` is one of OUTCOMES; `samples` is how many stack samples were taken (0, 1 or 2).
+    """
+
+    outcome: str
     reason: str
     interval_s: float
     stall_seconds: float
@@ -34,8 +44,28 @@ class ProgressCheck:
     files_changed: tuple[str, ...] = ()
     ranks_compared: tuple[int, ...] = ()
     ranks_moved: tuple[int, ...] = ()
+    ranks_exited: tuple[int, ...] = ()
+    samples: int = 2
     note: str | None = None
-    """A caveat on a hang decided by identical stacks while heartbeats are still fresh."""
+    """A caveat (a hang decided by identical stacks while heartbeats are still fresh), or for
+    not_confirmed what to do to decide."""
+
+    def __post_init__(self) -> None:
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"ProgressCheck.outcome {self.outcome!r}: expected one of {', '.join(OUTCOMES)}")
+
+    @property
+    def progressed(self) -> bool:
+        """True when the run moved or already ended (either way: not hung)."""
+        return self.outcome in ("progressed", "ended")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (every field, plus "progressed")."""
+        return {**dataclasses.asdict(self), "progressed": self.progressed}
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def decide_progress(
@@ -46,54 +76,85 @@ def decide_progress(
     newest_activity_age_s: float | None,
     stall_seconds: float,
     interval_s: float,
+    samples: int = 2,
+    ranks_exited: Sequence[int] = (),
 ) -> ProgressCheck:
-    """grpolab's hang confirmation rule (the module docstring); pure.
+    """grpolab's hang confirmation rule (the module docstring); pure. Never returns "ended".
 
     Args:
-        files_changed: run-directory files that changed between the two samples.
+        files_changed: run-directory files that changed while the ranks were sampled.
         ranks_compared: ranks dumped in both samples.
         ranks_moved: those of `ranks_compared` whose stacks differ between the samples.
         newest_activity_age_s: seconds since the freshest heartbeat, metrics or event write; None
             without a run directory.
         stall_seconds: `--stall-seconds`.
-        interval_s: `--interval` (0: one sample only).
+        interval_s: seconds between the two samples (`--interval`; 0 with one sample).
+        samples: stack samples taken (1 with `--interval 0`).
+        ranks_exited: ranks of a run directory that are gone while the run wrote no final status.
     """
-    common = dict(
+    common: dict[str, Any] = dict(
         interval_s=interval_s,
         stall_seconds=stall_seconds,
         newest_activity_age_s=newest_activity_age_s,
         files_changed=tuple(files_changed),
         ranks_compared=tuple(ranks_compared),
         ranks_moved=tuple(ranks_moved),
+        ranks_exited=tuple(ranks_exited),
+        samples=samples,
     )
     age = newest_activity_age_s
     stale = age is not None and age >= stall_seconds
     age_text = "" if age is None else f"the newest heartbeat/metrics/event is {age:.1f} s old"
+    stall_text = f"--stall-seconds {stall_seconds:g}"
+    if ranks_exited:
+        return ProgressCheck(
+            "hung",
+            f"{_ranks(sorted(ranks_exited))} exited and the run wrote no final status: the other ranks "
+            "cannot finish a collective without it",
+            **common,
+        )
     if files_changed:
         shown = ", ".join(files_changed[:4]) + (" …" if len(files_changed) > 4 else "")
-        return ProgressCheck(
-            True, f"the run wrote {shown} during the {interval_s:g} s between the two samples", **common
+        when = (
+            f"during the {interval_s:g} s between the two samples"
+            if samples >= 2
+            else "while its ranks were sampled"
         )
+        return ProgressCheck("progressed", f"the run wrote {shown} {when}", **common)
     if not ranks_compared:
+        what = "only one sample was taken" if samples < 2 else "no rank could be sampled twice"
+        if stale:
+            return ProgressCheck("hung", f"{what}, and {age_text} (>= {stall_text})", **common)
+        todo = (
+            "take two samples (--interval > 0, e.g. the default 2)"
+            if samples < 2
+            else "run the command again (py-spy must dump a rank in both samples)"
+        )
         if age is None:
             return ProgressCheck(
-                False, "no rank could be sampled twice and there is no heartbeat: not confirmed", **common
+                "not_confirmed",
+                f"{what} and there is no heartbeat to date the last progress: nothing can be seen moving",
+                note=f"to decide, {todo}",
+                **common,
             )
-        if stale:
-            return ProgressCheck(False, f"{age_text} (>= --stall-seconds {stall_seconds:g})", **common)
-        return ProgressCheck(True, f"{age_text} (< --stall-seconds {stall_seconds:g})", **common)
+        return ProgressCheck(
+            "not_confirmed",
+            f"{what} and {age_text} (< {stall_text}): one sample cannot show whether the ranks move",
+            note=f"to decide, {todo}, or run again once the heartbeats are older than {stall_text}",
+            **common,
+        )
     if ranks_moved:
         moved = ", ".join(map(str, ranks_moved))
         if stale:
             return ProgressCheck(
-                False,
+                "hung",
                 f"the stacks of rank(s) {moved} changed between samples {interval_s:g} s apart, but {age_text} "
-                f"(>= --stall-seconds {stall_seconds:g}): code runs without reaching the next phase",
+                f"(>= {stall_text}): code runs without reaching the next phase",
                 **common,
             )
-        tail = f" and {age_text} (< --stall-seconds {stall_seconds:g})" if age is not None else ""
+        tail = f" and {age_text} (< {stall_text})" if age is not None else ""
         return ProgressCheck(
-            True,
+            "progressed",
             f"the stacks of rank(s) {moved} changed between samples {interval_s:g} s apart{tail}",
             **common,
         )
@@ -103,7 +164,7 @@ def decide_progress(
         reason += f", and no file of the run changed; {age_text}"
         if not stale:
             note = (
-                f"the hang is younger than --stall-seconds {stall_seconds:g}; if the ranks are in a long "
+                f"the hang is younger than {stall_text}; if the ranks are in a long "
                 "but legitimate operation, run this command again later"
             )
-    return ProgressCheck(False, reason, note=note, **common)
+    return ProgressCheck("hung", reason, note=note, **common)

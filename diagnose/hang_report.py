@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpolab.core.atomic import atomic_write_bytes, atomic_write_json
+from grpolab.diagnose.hang_ended import rank_errors
 from grpolab.diagnose.hang_progress import ProgressCheck
 from grpolab.diagnose.hang_targets import RankTarget
 from grpolab.diagnose.pyspy import DumpResult, render_stack_text
+from grpolab.diagnose.rank_errors import error_label
 from grpolab.diagnose.run_activity import RunContext
 from grpolab.diagnose.stacks import stack_to_dict
 
@@ -38,6 +40,8 @@ class HangReport:
     """One dict per sample: rank → dump, for the ranks that were dumped (alive and on this host)."""
     alive: dict[int, bool]
     """rank → alive after the last sample (ranks on other hosts: True, their liveness is unknown)."""
+    gone: dict[int, str] = field(default_factory=dict)
+    """rank → why it is not alive (pid gone, or the pid reused by another process)."""
     notes: list[str] = field(default_factory=list)
     """Problems that did not stop the diagnosis (unreadable rank files, ranks not dumped, …)."""
     run_dir: Path | None = None
@@ -50,7 +54,7 @@ class HangReport:
 
     @property
     def exit_code(self) -> int:
-        """1 when hung, 0 when progress was observed."""
+        """1 when hung, 0 when progress was observed or everything ended."""
         return 1 if self.verdict.hung else 0
 
     def missing_ranks(self) -> dict[int, str]:
@@ -64,7 +68,7 @@ class HangReport:
                     "processes on its own host; run grpolab diagnose hang there"
                 )
             elif not self.alive.get(t.rank, False):
-                out[t.rank] = "exited (pid gone)"
+                out[t.rank] = self.gone.get(t.rank, "exited (pid gone)")
             elif t.rank in last and last[t.rank].stack is None:
                 out[t.rank] = last[t.rank].error or "not dumped"
         return out
@@ -72,6 +76,7 @@ class HangReport:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object `--json` prints and `verdict.json` stores (verdict plus its inputs)."""
         missing = self.missing_ranks()
+        errors = rank_errors(self.targets)
         return {
             "verdict": self.verdict.to_dict(),
             "hung": self.verdict.hung,
@@ -79,7 +84,17 @@ class HangReport:
             "run_dir": None if self.run_dir is None else str(self.run_dir),
             "run": None if self.run is None else dataclasses.asdict(self.run),
             "dumps": None if self.out_dir is None else str(self.out_dir),
-            "progress": dataclasses.asdict(self.progress),
+            "progress": self.progress.to_dict(),
+            "rank_errors": [
+                {
+                    "rank": e.rank,
+                    "error": e.error,
+                    "heartbeat_time": e.time,
+                    "peer_connection_error": e.peer_connection_error,
+                    "label": error_label(e, errors),
+                }
+                for e in errors
+            ],
             "ranks": [
                 {
                     "rank": t.rank,
@@ -176,14 +191,16 @@ def format_report(report: HangReport) -> str:
         s = report.run.final_status
         lines.append(f"run status: {s.get('status')}" + (f" — {s.get('error')}" if s.get("error") else ""))
     p = report.progress
-    lines.append(("progress observed: " if p.progressed else "hang confirmed: ") + p.reason)
+    prefix = {"progressed": "progress observed: ", "hung": "hang confirmed: "}.get(p.outcome, "")
+    lines.append(prefix + p.reason)
     if p.note:
         lines.append(f"note: {p.note}")
     lines += ["", f"verdict: {v.title}"]
-    for t in report.targets:
-        if t.error and v.hung:  # the failing rank's own exception first (AReaL guide, pattern A)
-            lines.append(f"exception recorded by rank {t.rank}:")
-            lines += [f"    {ln}" for ln in t.error.splitlines()]
+    errors = rank_errors(report.targets)
+    for e in errors:  # the failing rank's own exception first (AReaL guide, pattern A), root cause first
+        label = error_label(e, errors)
+        lines.append(f"exception recorded by rank {e.rank}" + (f" ({label})" if label else "") + ":")
+        lines += [f"    {ln}" for ln in e.error.splitlines()]
     if v.evidence:
         lines.append("evidence:")
         lines += [f"  - {e}" for e in v.evidence]

@@ -1,10 +1,13 @@
-"""The rank processes `grpolab diagnose hang` inspects, and what /proc says about them.
+"""The rank processes `grpolab diagnose hang` inspects, and whether each one is still that rank.
 
 Three sources: a run directory's `ranks/*.json` (rank, pid, host, role, heartbeat, optional "error"
 written when the rank's training loop raised), `--pid P …` (ranks numbered in the order given), and
 `--match PATTERN` (processes whose `/proc/<pid>/cmdline` matches, this command and its parents
 excluded; ranks from `RANK` in their environment when some have it, the rest listed as skipped
-launchers). Liveness comes from /proc (a zombie counts as gone), or `os.kill(pid, 0)` without /proc.
+launchers; matches of more than one job, told apart by MASTER_ADDR:MASTER_PORT and
+TORCHELASTIC_RUN_ID, are refused). `rank_liveness` says whether a rank still runs: its pid is gone
+or a zombie, or the pid now belongs to a process that started after the rank's last heartbeat (or,
+for `--pid`/`--match`, after discovery): the kernel reused it. The /proc readers are in procfs.py.
 """
 
 from __future__ import annotations
@@ -18,6 +21,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from grpolab.diagnose.procfs import (
+    is_alive,
+    proc_cmdline,
+    proc_env_rank,
+    proc_environ,
+    proc_parent,
+    proc_start_time,
+    proc_state,
+    started_after,
+)
+
+__all__ = [
+    "InspectError",
+    "RankTarget",
+    "is_alive",
+    "proc_cmdline",
+    "proc_env_rank",
+    "proc_parent",
+    "proc_state",
+    "rank_liveness",
+    "ranks_from_match",
+    "ranks_from_pids",
+    "read_rank_files",
+    "refresh_heartbeats",
+]
 
 
 class InspectError(Exception):
@@ -39,6 +68,11 @@ class RankTarget:
     """The exception the rank recorded before failing (rank file "error")."""
     source: str = ""
     """Where the rank came from: the rank file's path, `--pid` or `--match`."""
+    written_at: float | None = None
+    """The rank file's modification time (Unix seconds); None for `--pid` / `--match`."""
+    started: float | None = None
+    """The process start time seen at discovery (Unix seconds, procfs.proc_start_time); `--pid` and
+    `--match` only: a later different start time means the pid was reused meanwhile."""
 
     @property
     def local(self) -> bool:
@@ -49,6 +83,39 @@ class RankTarget:
         """Seconds since the rank's last heartbeat, or None without one."""
         t = (self.heartbeat or {}).get("time")
         return max(0.0, now - float(t)) if isinstance(t, (int, float)) else None
+
+    def last_seen(self) -> float | None:
+        """When the rank was last known to run (Unix seconds): its heartbeat time, else its rank file's
+        modification time (a copied run directory has newer mtimes, which only delays reuse detection)."""
+        t = (self.heartbeat or {}).get("time")
+        return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else self.written_at
+
+
+def rank_liveness(target: RankTarget) -> tuple[bool, str | None]:
+    """(alive, why not): whether the rank's process still runs and is still that rank.
+
+    A rank on another host counts as alive (this host cannot tell). Gone: the pid is gone or a
+    zombie ("exited (pid gone)"), or the pid now belongs to a process that started after the rank's
+    last heartbeat (procfs.started_after, margin procfs.PID_REUSE_MARGIN_S) or, for `--pid` /
+    `--match`, whose start time differs from the one seen at discovery.
+    """
+    if not target.local:
+        return True, None
+    if not is_alive(target.pid):
+        return False, "exited (pid gone)"
+    last_seen = target.last_seen()
+    if last_seen is not None and started_after(target.pid, last_seen):
+        return False, (
+            f"exited: pid {target.pid} now belongs to another process started after the rank's last heartbeat"
+        )
+    if target.started is not None:
+        now_started = proc_start_time(target.pid)
+        if now_started is not None and abs(now_started - target.started) > 1.0:
+            return (
+                False,
+                f"exited: pid {target.pid} now belongs to another process started during the diagnosis",
+            )
+    return True, None
 
 
 def _local_hostnames() -> set[str]:
@@ -115,6 +182,10 @@ def read_rank_files(run_dir: Path) -> tuple[list[RankTarget], list[str]]:
             continue
         heartbeat = data.get("heartbeat") if isinstance(data.get("heartbeat"), dict) else None
         error = data.get("error")
+        try:
+            written_at: float | None = path.stat().st_mtime
+        except OSError:
+            written_at = None
         targets.append(
             RankTarget(
                 rank=rank,
@@ -124,6 +195,7 @@ def read_rank_files(run_dir: Path) -> tuple[list[RankTarget], list[str]]:
                 heartbeat=heartbeat,
                 error=str(error) if error else None,
                 source=str(path),
+                written_at=written_at,
             )
         )
     newest: dict[int, RankTarget] = {}
@@ -142,66 +214,6 @@ def read_rank_files(run_dir: Path) -> tuple[list[RankTarget], list[str]]:
     return targets, problems
 
 
-def proc_cmdline(pid: int) -> str | None:
-    """The command line of `pid` (/proc/<pid>/cmdline, arguments joined by spaces), or None."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part) or None
-
-
-def proc_env_rank(pid: int) -> int | None:
-    """`RANK` from the environment of `pid` (/proc/<pid>/environ); None when unset, not an integer
-    or unreadable."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    for entry in raw.split(b"\0"):
-        if entry.startswith(b"RANK="):
-            try:
-                return int(entry[5:])
-            except ValueError:
-                return None
-    return None
-
-
-def proc_state(pid: int) -> str | None:
-    """The state letter of /proc/<pid>/stat (R, S, D, Z, T, …), or None when the process is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2 :][:1] or None
-
-
-def proc_parent(pid: int) -> int | None:
-    """The parent pid of `pid` (/proc/<pid>/stat), or None when the process is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 else None
-
-
-def is_alive(pid: int) -> bool:
-    """True when `pid` runs (a zombie, exited but not yet reaped by its parent, counts as gone)."""
-    state = proc_state(pid)
-    if state is not None:
-        return state not in ("Z", "X")
-    if Path("/proc/self").exists():
-        return False
-    try:  # no /proc (not Linux): signal 0 only checks existence
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def ranks_from_pids(pids: Sequence[int]) -> list[RankTarget]:
     """`--pid P …`: rank i is the i-th pid.
 
@@ -216,7 +228,7 @@ def ranks_from_pids(pids: Sequence[int]) -> list[RankTarget]:
             raise InspectError(f"--pid {pid}: expected a positive process id")
         if not is_alive(pid):
             raise InspectError(f"--pid {pid}: no such process (it exited or never existed)")
-        targets.append(RankTarget(rank=rank, pid=pid, source="--pid"))
+        targets.append(RankTarget(rank=rank, pid=pid, source="--pid", started=proc_start_time(pid)))
     return targets
 
 
@@ -229,23 +241,28 @@ def _own_lineage() -> set[int]:
     return pids
 
 
-def ranks_from_match(pattern: str) -> tuple[list[RankTarget], list[str]]:
-    """`--match PATTERN`: processes whose command line matches the regular expression.
+JOB_ENV_NAMES = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+"""The environment variables that tell one distributed job from another: every rank of a job has the
+same rendezvous address and port (torch.distributed's env:// init), and torchrun's run id."""
 
-    Ranks come from `RANK` in each process's environment when some matches have it (the others are
-    launchers such as torchrun's agent, returned as notes), else from pid order. A match whose
-    parent also matches with the same command line and RANK (a forked data-loader worker) is
-    skipped with a note.
 
-    Raises:
-        InspectError: the pattern is not a valid regular expression, or nothing matches.
-    """
-    try:
-        regex = re.compile(pattern)
-    except re.error as e:
-        raise InspectError(f"--match {pattern!r}: not a valid regular expression ({e})") from None
+def _job_key(env: dict[str, str] | None) -> tuple[str | None, ...]:
+    return tuple((env or {}).get(name) for name in JOB_ENV_NAMES)
+
+
+def _describe_job(key: tuple[str | None, ...]) -> str:
+    addr, port, run_id = key
+    if addr is None and port is None and run_id is None:
+        return "no MASTER_ADDR/MASTER_PORT in the environment"
+    text = f"MASTER_ADDR:MASTER_PORT {addr or '?'}:{port or '?'}"
+    return text + (f", TORCHELASTIC_RUN_ID {run_id}" if run_id is not None else "")
+
+
+def _matching_processes(regex: re.Pattern[str]) -> list[tuple[int, str, dict[str, str] | None]]:
+    """(pid, command line, environment) of every live process whose command line matches, except this
+    command and its parents."""
     exclude = _own_lineage()
-    found: list[tuple[int, str, int | None]] = []
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) in exclude:
             continue
@@ -253,15 +270,43 @@ def ranks_from_match(pattern: str) -> tuple[list[RankTarget], list[str]]:
         cmd = proc_cmdline(pid)
         if cmd is None or not regex.search(cmd) or not is_alive(pid):
             continue
-        found.append((pid, cmd, proc_env_rank(pid)))
+        found.append((pid, cmd, proc_environ(pid)))
+    return found
+
+
+def _env_rank(env: dict[str, str] | None) -> int | None:
+    try:
+        return int((env or {})["RANK"])
+    except (KeyError, ValueError):
+        return None
+
+
+def ranks_from_match(pattern: str) -> tuple[list[RankTarget], list[str]]:
+    """`--match PATTERN`: processes whose command line matches the regular expression.
+
+    Ranks come from `RANK` in each process's environment when some matches have it (the others are
+    launchers such as torchrun's agent, returned as notes), else from pid order. A match whose
+    parent also matches with the same command line and RANK (a forked data-loader worker) is
+    skipped with a note. The ranks must belong to one job (`JOB_ENV_NAMES`): two jobs' ranks
+    merged into one world would hide a hang in either.
+
+    Raises:
+        InspectError: the pattern is not a valid regular expression, nothing matches, or the
+            matching ranks belong to more than one job (each job's pids are listed).
+    """
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise InspectError(f"--match {pattern!r}: not a valid regular expression ({e})") from None
+    found = _matching_processes(regex)
     if not found:
         raise InspectError(
             f"--match {pattern!r}: no running process's command line (/proc/*/cmdline) matches"
         )
     notes: list[str] = []
-    matched = {pid: (cmd, rank) for pid, cmd, rank in found}
+    matched = {pid: (cmd, _env_rank(env)) for pid, cmd, env in found}
     workers = {}  # forked children (data-loader workers) inherit the command line and RANK of their rank
-    for pid, cmd, rank in found:
+    for pid, (cmd, rank) in matched.items():
         parent = proc_parent(pid)
         if parent in matched and rank is not None and matched[parent] == (cmd, rank):
             workers[pid] = parent
@@ -271,18 +316,38 @@ def ranks_from_match(pattern: str) -> tuple[list[RankTarget], list[str]]:
             "RANK: a worker?): skipped"
         )
     found = [f for f in found if f[0] not in workers]
-    with_rank = [f for f in found if f[2] is not None]
-    if with_rank:
-        for pid, _cmd, rank in found:
-            if rank is None:
-                notes.append(f"pid {pid} matches but has no RANK in its environment (a launcher?): skipped")
-        ranks = sorted(with_rank, key=lambda f: (f[2], f[0]))
-        if len({f[2] for f in ranks}) != len(ranks):
-            notes.append("several matching processes share one RANK (several jobs?): numbered by pid order")
-            ranks = [(pid, cmd, i) for i, (pid, cmd, _) in enumerate(sorted(ranks))]
-    else:
-        ranks = [(pid, cmd, i) for i, (pid, cmd, _) in enumerate(sorted(found))]
-    return [RankTarget(rank=int(r), pid=pid, source="--match") for pid, _cmd, r in ranks], notes
+    with_rank = [
+        (pid, _env_rank(env), _job_key(env)) for pid, _cmd, env in found if _env_rank(env) is not None
+    ]
+    if not with_rank:
+        ordered = sorted(pid for pid, _cmd, _env in found)
+        return [
+            RankTarget(rank=i, pid=pid, source="--match", started=proc_start_time(pid))
+            for i, pid in enumerate(ordered)
+        ], notes
+    jobs: dict[tuple[str | None, ...], list[tuple[int, int]]] = {}
+    for pid, rank, key in with_rank:
+        jobs.setdefault(key, []).append((int(rank), pid))
+    if len(jobs) > 1:
+        listed = "; ".join(
+            f"job {i} ({_describe_job(key)}): "
+            + ", ".join(f"pid {pid} (RANK {rank})" for rank, pid in sorted(members))
+            for i, (key, members) in enumerate(sorted(jobs.items(), key=lambda kv: min(kv[1])), 1)
+        )
+        raise InspectError(
+            f"--match {pattern!r} matches the ranks of {len(jobs)} jobs: {listed}. Narrow it to one job: "
+            "a pattern only that job's command line matches (e.g. its --run-dir), or --pid with its pids"
+        )
+    for pid, _cmd, env in found:
+        if _env_rank(env) is None:
+            notes.append(f"pid {pid} matches but has no RANK in its environment (a launcher?): skipped")
+    ranks = sorted((rank, pid) for pid, rank, _key in with_rank)
+    if len({rank for rank, _pid in ranks}) != len(ranks):
+        notes.append("several matching processes share one RANK: numbered by pid order")
+        ranks = list(enumerate(sorted(pid for _rank, pid in ranks)))
+    return [
+        RankTarget(rank=rank, pid=pid, source="--match", started=proc_start_time(pid)) for rank, pid in ranks
+    ], notes
 
 
 def refresh_heartbeats(targets: list[RankTarget], run_dir: Path | None) -> list[RankTarget]:
@@ -302,4 +367,5 @@ def refresh_heartbeats(targets: list[RankTarget], run_dir: Path | None) -> list[
         if t.rank in by_rank and by_rank[t.rank].pid == t.pid:
             t.heartbeat = by_rank[t.rank].heartbeat
             t.error = by_rank[t.rank].error or t.error
+            t.written_at = by_rank[t.rank].written_at
     return targets

@@ -1,19 +1,24 @@
 """Scan run logs for known failure signatures: each finding gives its rule, evidence lines, cause and fix.
 
-`grpolab diagnose log FILE [FILE…]` reads grpolab console.log files, Miles/slime logs (with or without
-Ray's `(Actor pid=N)` prefixes) and torchrun logs (`[rank1]:`, `[default0]:`). The rules live in
-rules_*.py (model and registry: logrules.py); logscan.py streams each file through them; this module
-prints the report and is the command.
+`grpolab diagnose log FILE [FILE…]` reads grpolab console.log files (a grpolab run directory stands for
+its console.log), Miles/slime logs (with or without Ray's `(Actor pid=N)` prefixes) and torchrun logs
+(`[rank1]:`, `[default0]:`), as text: a compressed, UTF-16 or binary file is not scanned, and the
+message says how to make a text log of it. The rules live in rules_*.py (model and registry:
+logrules.py); logscan.py streams each file through them; this module prints the report and is the
+command.
 
-Exit codes: 0 no error-severity finding, 1 at least one, 2 a file could not be read (named on
-stderr; the other files are still scanned) or a bad option.
+Exit codes: 0 no error-severity finding, 1 at least one, 2 a file could not be read (missing, no
+permission, a directory that is not a run directory, not a text log; named on stderr, the other files
+are still scanned) or a bad option.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from grpolab.diagnose.dead_engine import (
@@ -31,6 +36,7 @@ from grpolab.diagnose.logrules import (
     count_by_severity,
 )
 from grpolab.diagnose.logscan import DEFAULT_CHUNK_BYTES, FileScan, scan_file
+from grpolab.diagnose.wording import plural
 
 EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE = 0, 1, 2
 
@@ -91,7 +97,7 @@ def render_text(scans: Sequence[FileScan]) -> str:
             blocks.append(f"{scan.file}: cannot read: {scan.error}")
             continue
         counts = count_by_severity(scan.findings)
-        lines = "" if scan.lines is None else f", {scan.lines:,} lines"
+        lines = "" if scan.lines is None else f", {plural(scan.lines, 'line')}"
         head = f"{scan.file} ({_size(scan.size)}{lines}): " + (
             ", ".join(f"{n} {sev}{'s' if n != 1 and sev != 'info' else ''}" for sev, n in counts.items() if n)
             if scan.findings
@@ -134,11 +140,15 @@ def exit_code(scans: Sequence[FileScan]) -> int:
 def add_log_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `grpolab diagnose log`."""
     parser.epilog = (
-        "Exit codes: 0 no error-severity finding, 1 at least one, 2 a file could not be read (the others "
-        "are still scanned) or a bad option."
+        "Exit codes: 0 no error-severity finding, 1 at least one, 2 a file could not be read (missing, "
+        "no permission, a directory that is not a run directory, compressed or binary; the others are "
+        "still scanned) or a bad option."
     )
     parser.add_argument(
-        "files", nargs="+", metavar="FILE", help="log files (console.log, Miles/slime, torchrun)"
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="text log files (console.log, Miles/slime, torchrun), or grpolab run directories (their console.log)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of the text report"
@@ -168,15 +178,16 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--interval",
-        type=int,
-        default=int(DEFAULT_INTERVAL_S),
-        help="seconds between checks (default %(default)s)",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        help="whole seconds between checks (default %(default)g; 30.0 is fine, 30.5 is not: the log's times "
+        "are whole seconds)",
     )
     group.add_argument(
         "--window",
-        type=int,
-        default=int(DEFAULT_WINDOW_S),
-        help="seconds each check counts (default %(default)s)",
+        type=float,
+        default=DEFAULT_WINDOW_S,
+        help="whole seconds each check counts (default %(default)g)",
     )
     parser.add_argument(
         "--chunk-bytes",
@@ -192,10 +203,24 @@ def options_from_args(args: argparse.Namespace) -> RuleOptions:
     Raises:
         ValueError: naming the flag, for a value out of range.
     """
-    rule = WatchdogRule(
-        limit=args.limit, checks=args.checks, interval=float(args.interval), window=float(args.window)
-    )
+    rule = WatchdogRule(limit=args.limit, checks=args.checks, interval=args.interval, window=args.window)
     return RuleOptions(watchdog=rule, max_step0_gap=args.max_step0_gap, min_kv_tokens=args.min_kv_tokens)
+
+
+def log_path(file: str) -> Path:
+    """The log to scan for a FILE argument: the file itself, or a grpolab run directory's console.log.
+
+    Raises:
+        IsADirectoryError: a directory without console.log (the message says what was expected).
+    """
+    path = Path(file)
+    if not path.is_dir():
+        return path
+    if (path / "console.log").is_file():
+        return path / "console.log"
+    raise IsADirectoryError(
+        errno.EISDIR, "a directory without console.log: give a log file or a grpolab run directory", file
+    )
 
 
 def run_log_command(args: argparse.Namespace) -> int:
@@ -210,7 +235,9 @@ def run_log_command(args: argparse.Namespace) -> int:
     scans: list[FileScan] = []
     for file in args.files:
         try:
-            scans.append(scan_file(file, name=file, options=options, chunk_bytes=args.chunk_bytes))
+            path = log_path(file)
+            name = file if path == Path(file) else str(path)
+            scans.append(scan_file(path, name=name, options=options, chunk_bytes=args.chunk_bytes))
         except OSError as e:
             reason = e.strerror or str(e)
             print(f"grpolab diagnose log: cannot read {file}: {reason}", file=sys.stderr)

@@ -8,6 +8,10 @@ with `bytearray.count` between bucket boundaries found by bisection, so 200,000 
 per-line work. Line numbers come from counting newlines, only as far as a finding needs them (see
 `_ChunkScanner`). The scanner knows no rule: needles, dispatch, context and launch flags come from
 `LogRules` (ruleset.py).
+
+Only text logs are scanned: a compressed file (gzip, zstd, bzip2, xz, zip), UTF-16 text or other binary
+data raises `NotATextLog` (logsniff.py; an OSError, so callers report it as a file they cannot read)
+naming the command that turns it into a text log.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grpolab.diagnose.logrules import NEARBY_LINES, Finding, RuleOptions
+from grpolab.diagnose.logsniff import SNIFF_BYTES, NotATextLog, not_text_reason
 from grpolab.diagnose.needles import NeedleFinder
 from grpolab.diagnose.ruleset import LogRules
 
@@ -274,6 +279,8 @@ def scan_file(
 
     Raises:
         OSError: the file cannot be opened or read (missing, permission, a directory).
+        NotATextLog: (an OSError) the file is compressed, UTF-16 or binary; the message says how to
+            make a text log of it.
         ValueError: chunk_bytes < 1.
     """
     if chunk_bytes < 1:
@@ -285,6 +292,9 @@ def scan_file(
     have = 0
     last_byte: int | None = None
     with open(path, "rb", buffering=0) as f:
+        reason = not_text_reason(os.pread(f.fileno(), SNIFF_BYTES, 0), str(path))
+        if reason is not None:
+            raise NotATextLog(reason)
         scanner = _ChunkScanner(rules, f.fileno(), eager=os.fstat(f.fileno()).st_size <= 4 * chunk_bytes)
         while True:
             with memoryview(buf) as view, view[have:] as free:

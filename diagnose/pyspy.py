@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpolab.diagnose.hang_targets import InspectError, is_alive, proc_cmdline
+from grpolab.diagnose.hang_targets import InspectError
+from grpolab.diagnose.procfs import is_alive, proc_cmdline
 from grpolab.diagnose.stacks import ProcessStack, format_frame, parse_pyspy_json
 
 DEFAULT_TIMEOUT_S = 10.0

@@ -35,6 +35,7 @@ from grpolab.diagnose.logrules import (
     trim_line,
 )
 from grpolab.diagnose.rules_engine import EngineOomStart
+from grpolab.diagnose.wording import plural
 
 if TYPE_CHECKING:
     from grpolab.diagnose.ruleset import LogRules
@@ -286,7 +287,7 @@ class DeadEngine(Rule):
                 watch.details,
                 cause=(
                     f"The 503 errors never stopped: more than {rule.limit} in every {rule.window:g} s window for "
-                    f"{watch.most} checks in a row (peak {watch.peak:,}), from {_hhmmss(first_t)} to "
+                    f"{plural(watch.most, 'check')} in a row (peak {watch.peak:,}), from {_hhmmss(first_t)} to "
                     f"{_hhmmss(last_t)}{untimed}. The router answers 503 when no engine can take a request; the "
                     "trainer keeps sending requests to a dead engine and the run never fails by itself."
                     + start_note
@@ -314,10 +315,15 @@ class Engine503Bursts(Rule):
             return []  # DeadEngine
         rule, most = errors.rule, watch.most
         untimed = f" ({errors.untimed:,} of them without a time)" if errors.untimed else ""
+        met = (
+            f"at most {plural(most, 'check')} in a row above {rule.limit}"
+            if most
+            else f"no check counted more than {rule.limit}"
+        )
         return [
             self.finding(
-                f"{errors.total:,} × 503 Service Unavailable: the dead-engine rule is not met (at most "
-                f"{most} check{'' if most == 1 else 's'} in a row above {rule.limit}; it needs {rule.checks})",
+                f"{errors.total:,} × 503 Service Unavailable: the dead-engine rule is not met ({met}; it needs "
+                f"{rule.checks} in a row)",
                 (self.ev(errors.first, "first 503"),),
                 watch.details,
                 cause=(

@@ -18,6 +18,7 @@ from typing import TypeVar
 from grpolab.diagnose import (
     rules_dead_engine,
     rules_engine,
+    rules_grpolab,
     rules_kernels,
     rules_metrics,
     rules_nccl_timeout,
@@ -40,7 +41,14 @@ from grpolab.diagnose.logrules import (
 )
 from grpolab.diagnose.rules_dead_engine import EngineErrors
 
-RULE_FAMILIES = (rules_engine, rules_kernels, rules_nccl_timeout, rules_metrics, rules_dead_engine)
+RULE_FAMILIES = (
+    rules_engine,
+    rules_grpolab,
+    rules_kernels,
+    rules_nccl_timeout,
+    rules_metrics,
+    rules_dead_engine,
+)
 """The modules whose rules are registered (importing them registers them), in the order their rules are
 judged: a family's rules in the order it defines them, then the `judged_last` ones."""
 

@@ -1,7 +1,8 @@
 """What a grpolab run directory says about its progress, for `grpolab diagnose hang`.
 
-`read_run_context`: run.json's name and world size, the final `status` event of events.jsonl and
-the ages of metrics.jsonl / events.jsonl. `activity_snapshot` + `changed_files`: which of the files
+`read_run_context`: run.json's name, world size and device, the final `status` event of
+events.jsonl and the ages of the last metrics.jsonl / events.jsonl records (from their own "time"
+fields, so a copied run directory, whose files all have fresh modification times, reads right). `activity_snapshot` + `changed_files`: which of the files
 whose change means progress (metrics.jsonl, events.jsonl, ranks/*.json) changed between two looks.
 """
 
@@ -23,10 +24,23 @@ class RunContext:
 
     name: str | None = None
     world_size: int | None = None
+    device: str | None = None
+    """run.json's config "device" (cpu, cuda, cuda:0 …): a cuda run talks NCCL, a cpu run gloo."""
     final_status: dict[str, Any] | None = None
     """The last `status` event of events.jsonl (finished | failed | interrupted), if the run wrote one."""
     metrics_age_s: float | None = None
+    """Seconds since the last metrics.jsonl record's "time" (its file's mtime when no record has one)."""
     events_age_s: float | None = None
+    """Seconds since the last events.jsonl record's "time" (its file's mtime when no record has one)."""
+
+    @property
+    def backend(self) -> str | None:
+        """ "nccl" for a cuda run, "gloo" for a cpu run, None when run.json says neither."""
+        if self.device is None:
+            return None
+        if self.device.startswith("cuda"):
+            return "nccl"
+        return "gloo" if self.device == "cpu" else None
 
 
 def _tail_lines(path: Path, max_bytes: int = 65536) -> list[str]:
@@ -39,31 +53,53 @@ def _tail_lines(path: Path, max_bytes: int = 65536) -> list[str]:
     return lines[1:] if size > max_bytes else lines
 
 
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects among the last lines of a .jsonl file, oldest first ([] when unreadable)."""
+    try:
+        lines = _tail_lines(path)
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _age_s(path: Path, records: list[dict[str, Any]], now: float) -> float | None:
+    """Seconds since the newest record's "time" field, else since the file's mtime; None without the file."""
+    times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
+    if times:
+        return max(0.0, now - float(max(times)))
+    try:
+        return max(0.0, now - path.stat().st_mtime)
+    except OSError:
+        return None
+
+
 def read_run_context(run_dir: Path, now: float) -> RunContext:
-    """run.json's name and world size, the final status event and the ages of metrics/events (s)."""
+    """run.json's name, world size and device, the final status event and the metrics/events ages (s)."""
     ctx = RunContext()
     try:
         meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
         ctx.name = meta.get("name")
         ctx.world_size = meta.get("world_size")
+        device = (meta.get("config") or {}).get("device")
+        ctx.device = device if isinstance(device, str) else None
     except (OSError, ValueError, AttributeError):
         pass
-    for name, attr in (("metrics.jsonl", "metrics_age_s"), ("events.jsonl", "events_age_s")):
-        try:
-            setattr(ctx, attr, max(0.0, now - (run_dir / name).stat().st_mtime))
-        except OSError:
-            pass
-    try:
-        for line in reversed(_tail_lines(run_dir / "events.jsonl")):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("event") == "status":
-                ctx.final_status = record
-                break
-    except OSError:
-        pass
+    metrics = _records(run_dir / "metrics.jsonl")
+    events = _records(run_dir / "events.jsonl")
+    ctx.metrics_age_s = _age_s(run_dir / "metrics.jsonl", metrics, now)
+    ctx.events_age_s = _age_s(run_dir / "events.jsonl", events, now)
+    for record in reversed(events):
+        if record.get("event") == "status":
+            ctx.final_status = record
+            break
     return ctx
 
 

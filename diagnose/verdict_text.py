@@ -2,15 +2,18 @@
 
 Each `describe_<kind>` takes every rank's view (rank_rows.RankView, in rank order) and returns
 (title, evidence, next steps); classify.py picks the kind. The advice follows the AReaL debugging
-guide's section on training hangs and deadlocks (see classify.py); the ENV_* steps are its step 4,
-the environment variables that give more detail on the next run.
+guide's section on training hangs and deadlocks (see classify.py); its step 4, the environment
+variables that give more detail on the next run, comes from env_advice.py for the run's backend
+(`backend`: "nccl", "gloo" or None when not known).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from grpolab.diagnose.env_advice import env_steps, transport_step
 from grpolab.diagnose.frames import teardown_chain, thread_status, where_collective
+from grpolab.diagnose.rank_errors import is_peer_connection_error
 from grpolab.diagnose.rank_rows import RankView, group_by_collective
 
 
@@ -82,28 +85,28 @@ def common_evidence(views: Sequence[RankView]) -> list[str]:
     return lines
 
 
-# The AReaL guide's step 4 ("用于获取更多详细信息的环境变量"), for the next run.
-ENV_NCCL_DEBUG = "Before the next run set NCCL_DEBUG=INFO (NCCL logs each collective and its transport)."
-ENV_TORCH_DEBUG = (
-    "Set TORCH_DISTRIBUTED_DEBUG=DETAIL: torch.distributed logs every collective with its ranks and "
-    "shapes, and reports collectives that do not match across ranks."
-)
-ENV_TIMEOUT = (
-    "Make hangs fail fast: a shorter NCCL timeout (NCCL_TIMEOUT=300, or "
-    "init_process_group(timeout=timedelta(seconds=300)); the default is 30 min)."
-)
-ENV_CUDA_BLOCKING = (
-    "On GPU, CUDA_LAUNCH_BLOCKING=1 makes CUDA errors surface at the line that caused them "
-    "(slow; debugging only)."
-)
+def _root_cause_first(views: Sequence[RankView]) -> list[RankView]:
+    """Ranks with a recorded exception, root cause first (rank_errors.py's rule): an error that is not
+    a lost peer connection first, then the oldest heartbeat (recorded earliest), then the rank."""
+    return sorted(
+        views,
+        key=lambda v: (
+            is_peer_connection_error(v.obs.exception or ""),
+            v.obs.heartbeat_age_s is None,
+            -(v.obs.heartbeat_age_s or 0.0),
+            v.obs.rank,
+        ),
+    )
 
 
-def describe_cleanup_deadlock(views: Sequence[RankView]) -> tuple[str, list[str], list[str]]:
+def describe_cleanup_deadlock(
+    views: Sequence[RankView], backend: str | None = None
+) -> tuple[str, list[str], list[str]]:
     """Pattern A: a rank failed (an exception, or stuck in teardown) and the others wait for it."""
     failing = [v for v in views if v.row.state == "teardown" or v.obs.exception]
     failing_ranks = {v.obs.rank for v in failing}
     evidence: list[str] = []
-    with_exception = [v for v in failing if v.obs.exception]
+    with_exception = _root_cause_first([v for v in failing if v.obs.exception])
     for view in with_exception:
         evidence.append(f"rank {view.obs.rank} raised {_first_line(view.obs.exception or '')}")
         last = _last_traceback_line(view.obs.exception or "")
@@ -133,7 +136,7 @@ def describe_cleanup_deadlock(views: Sequence[RankView]) -> tuple[str, list[str]
         evidence.append(f"{_group_line(views_in_group)} for {_ranks(sorted(failing_ranks))}")
     for view in others:
         if view.key is None:
-            evidence.append(f"rank {view.obs.rank}: {view.row.state}, {view.row.where}")
+            evidence.append(_state_line(view))
 
     culprit = _ranks(sorted(failing_ranks))
     exception_kind = ""
@@ -170,11 +173,13 @@ def describe_cleanup_deadlock(views: Sequence[RankView]) -> tuple[str, list[str]
         "(barrier, destroy_process_group) in cleanup after a failure; exit non-zero so the launcher "
         "stops the other ranks."
     )
-    steps += [ENV_TIMEOUT, ENV_TORCH_DEBUG, ENV_NCCL_DEBUG, ENV_CUDA_BLOCKING]
+    steps += env_steps(backend, "timeout", "torch_debug", "detail", "cuda_blocking")
     return title, evidence, steps
 
 
-def describe_rank_exited(views: Sequence[RankView]) -> tuple[str, list[str], list[str]]:
+def describe_rank_exited(
+    views: Sequence[RankView], backend: str | None = None
+) -> tuple[str, list[str], list[str]]:
     """A rank is gone without a recorded exception; the survivors wait for it."""
     dead = [v for v in views if not v.obs.alive]
     alive = [v for v in views if v.obs.alive]
@@ -187,7 +192,7 @@ def describe_rank_exited(views: Sequence[RankView]) -> tuple[str, list[str], lis
         evidence.append(_group_line(group) + " for it")
     for view in alive:
         if view.key is None:
-            evidence.append(f"rank {view.obs.rank}: {view.row.state}, {view.row.where}")
+            evidence.append(_state_line(view))
     dead_ranks = _ranks([v.obs.rank for v in dead])
     if not alive:
         title = f"No rank process is alive ({dead_ranks} exited): the run ended rather than hung"
@@ -203,13 +208,14 @@ def describe_rank_exited(views: Sequence[RankView]) -> tuple[str, list[str], lis
         "(dmesg: the OOM killer) for a kill or a segfault.",
         "Launch ranks so that one dying stops the job (torchrun does); make each rank record its "
         "exception before exiting so the next diagnosis names it.",
-        ENV_TIMEOUT,
-        ENV_NCCL_DEBUG,
+        *env_steps(backend, "timeout", "detail"),
     ]
     return title, evidence, steps
 
 
-def describe_threads_same_group(views: Sequence[RankView]) -> tuple[str, list[str], list[str]]:
+def describe_threads_same_group(
+    views: Sequence[RankView], backend: str | None = None
+) -> tuple[str, list[str], list[str]]:
     """Two threads of one rank are each inside a collective (their call orders interleave across ranks)."""
     multi = [v for v in views if len(v.collective_threads) >= 2]
     evidence = []
@@ -232,13 +238,14 @@ def describe_threads_same_group(views: Sequence[RankView]) -> tuple[str, list[st
     steps = [
         "Issue collectives on one thread only, or give each thread its own process group "
         "(dist.new_group) so their call orders cannot interleave.",
-        ENV_TORCH_DEBUG,
-        ENV_TIMEOUT,
+        *env_steps(backend, "torch_debug", "timeout"),
     ]
     return title, evidence, steps
 
 
-def describe_mismatched_collectives(views: Sequence[RankView]) -> tuple[str, list[str], list[str]]:
+def describe_mismatched_collectives(
+    views: Sequence[RankView], backend: str | None = None
+) -> tuple[str, list[str], list[str]]:
     """Pattern B: the ranks wait in different collectives, or in one from different call sites."""
     groups = sorted(group_by_collective(views).values(), key=lambda g: (-len(g), g[0].obs.rank))
     evidence = [_group_line(group) for group in groups]
@@ -288,14 +295,14 @@ def describe_mismatched_collectives(views: Sequence[RankView]) -> tuple[str, lis
     steps = [
         f"Make the code path that reaches {', '.join(sites)} run on every rank or on none: look for a "
         "branch on rank-local state (rank number, data length, a per-rank flag) around it.",
-        ENV_TORCH_DEBUG,
-        ENV_NCCL_DEBUG,
-        ENV_TIMEOUT,
+        *env_steps(backend, "torch_debug", "detail", "timeout"),
     ]
     return title, evidence, steps
 
 
-def describe_same_collective(views: Sequence[RankView]) -> tuple[str, list[str], list[str]]:
+def describe_same_collective(
+    views: Sequence[RankView], backend: str | None = None
+) -> tuple[str, list[str], list[str]]:
     """Pattern C: the ranks wait in one collective; names a straggler outside it or the oldest heartbeat."""
     group = next(iter(group_by_collective(views).values()))
     row = group[0].row
@@ -320,8 +327,7 @@ def describe_same_collective(views: Sequence[RankView]) -> tuple[str, list[str],
             f"Find out why {names} {'is' if len(stragglers) == 1 else 'are'} slow: {stragglers[0].row.where} "
             f"(dump it again, or `py-spy record --pid {stragglers[0].obs.pid or 'PID'}` for a profile); a long "
             "generation, I/O or a Python loop there keeps the others waiting.",
-            ENV_TIMEOUT,
-            ENV_NCCL_DEBUG,
+            *env_steps(backend, "timeout", "detail"),
         ]
     else:
         title = (
@@ -330,19 +336,15 @@ def describe_same_collective(views: Sequence[RankView]) -> tuple[str, list[str],
         )
         if slowest is not None:
             title += f"; slowest heartbeat rank {slowest.obs.rank}"
-        steps = [
-            "The code agrees on every rank; check the transport: NCCL_DEBUG=INFO shows the network path "
-            "and errors, and compare the ranks' hosts and interfaces.",
-            ENV_TIMEOUT,
-            ENV_CUDA_BLOCKING,
-            ENV_TORCH_DEBUG,
-        ]
+        steps = [transport_step(backend), *env_steps(backend, "timeout", "cuda_blocking", "torch_debug")]
         if slowest is not None:
             steps.insert(1, f"Start with rank {slowest.obs.rank}: its heartbeat is the oldest.")
     return title, evidence, steps
 
 
-def describe_python_stall(views: Sequence[RankView]) -> tuple[str, list[str], list[str]]:
+def describe_python_stall(
+    views: Sequence[RankView], backend: str | None = None
+) -> tuple[str, list[str], list[str]]:
     """No rank is in a collective: names the busiest thread (active, holding the GIL first)."""
     alive = [v for v in views if v.obs.alive and v.thread is not None]
     evidence = [
@@ -376,9 +378,18 @@ def describe_python_stall(views: Sequence[RankView]) -> tuple[str, list[str], li
     return title, evidence, steps
 
 
-def describe_not_hung(views: Sequence[RankView]) -> tuple[str, list[str], list[str]]:
+def _state_line(view: RankView) -> str:
+    """`rank 0: collective, all_reduce (…)`, or `rank 1: exited` when the place adds nothing."""
+    row = view.row
+    where = "" if row.where in (row.state, "") else f", {row.where}"
+    return f"rank {view.obs.rank}: {row.state}{where}"
+
+
+def describe_not_hung(
+    views: Sequence[RankView], backend: str | None = None
+) -> tuple[str, list[str], list[str]]:
     """Progress was observed: where each rank is, and a hint for a run that is only slow."""
     title = "Not hung: progress was observed (heartbeats, metrics or stacks advanced)"
-    evidence = [f"rank {v.obs.rank}: {v.row.state}, {v.row.where}" for v in views]
+    evidence = [_state_line(v) for v in views]
     steps = ["If it is only slow, look at the step times; re-check later with a longer stall window."]
     return title, evidence, steps

@@ -15,13 +15,17 @@ window. `--replay` has no read times, so it uses the times in the lines.
 
 LOG_OR_RUN_DIR: a log file, or a grpolab run directory (its console.log is watched and the run
 ends with the final `status` event of events.jsonl). A plain log ends when --stop-pid's process
-exits, else only with Ctrl+C (exit 130). On a stop the watchdog sends SIGTERM to --stop-pid (for a
+exits, else only with Ctrl+C (exit 130). Started before the run, the watchdog waits up to
+--wait-seconds (300) for the file, or the run directory's console.log, to appear (one "waiting" line)
+and then reads it from its first line. On a stop the watchdog sends SIGTERM to --stop-pid (for a
 run directory without --stop-pid: to the rank processes of ranks/*.json on this host; grpolab
-train turns SIGTERM into status "interrupted").
+train turns SIGTERM into status "interrupted"), and SIGKILL to those still running --grace-seconds
+(10) later, as `docker stop` does (stopping.py).
 
 Exit codes (as the manual's script): 0 the run ended, 1 the watchdog stopped the run, 2 it cannot
-read the log (missing file, permission), --stop-pid is not a process it may signal, or a bad
-number (--checks 0, a --limit that is not a whole number). A failed read does not count as a check.
+read the log (missing after --wait-seconds, permission), --stop-pid is not a process it may signal,
+or a bad number (--checks 0, a --limit that is not a whole number). A failed read does not count as
+a check.
 """
 
 from __future__ import annotations
@@ -29,14 +33,11 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import os
+import math
 import re
-import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -53,109 +54,26 @@ from grpolab.diagnose.dead_engine import (
     error_times,
     replay_table,
 )
+from grpolab.diagnose.logfollow import LogFollower
+from grpolab.diagnose.procfs import is_alive
+from grpolab.diagnose.stopping import DEFAULT_GRACE_S, run_dir_pids, stop_processes
+from grpolab.diagnose.watch_target import (
+    DEFAULT_WAIT_S,
+    WatchTarget,
+    check_stop_pid,
+    stamped,
+    wait_for_target,
+)
+from grpolab.diagnose.wording import plural
 
 EXIT_ENDED, EXIT_STOPPED, EXIT_CANNOT_WATCH, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_READ_TICK_S = 1.0
 """Longest pause between two reads of the log (grpolab's: a line is stamped at most 1 s late)."""
-STOP_WAIT_S = 10.0
-"""How long the watchdog waits for the stopped processes to exit after SIGTERM (grpolab's: the
-default grace of `docker stop`, which the manual's script uses)."""
-MAX_LINE_BYTES = 1 << 20
-"""A line longer than this (no newline yet) is counted in pieces rather than buffered without end."""
+ERRORS = ("error from the rollout engine", "errors from the rollout engine")
+"""How messages name the lines of the default pattern (one, several)."""
 
 
-# ---------------------------------------------------------------------- following a file
-class LogFollower:
-    """`tail -n 0 -F` for one file: the complete lines appended since the last `poll()`.
-
-    Follows truncation (copytruncate: reads again from the start) and rotation (a new file at the
-    path: the rest of the old file is read first). Lines are bytes without the newline.
-
-    Raises:
-        OSError: from the constructor when the file cannot be opened (missing, permission).
-    """
-
-    def __init__(self, path: Path, *, from_end: bool = True) -> None:
-        self.path = path
-        self._file = open(path, "rb")  # kept open while following
-        if from_end:
-            self._file.seek(0, os.SEEK_END)
-        st = os.fstat(self._file.fileno())
-        self._id = (st.st_dev, st.st_ino)
-        self._partial = b""
-        self.problem: str | None = None
-        """Why the last `poll()` could not read the path (None when it could)."""
-
-    def poll(self) -> list[bytes]:
-        """Read what was appended; sets `problem` when the path cannot be read this time."""
-        self.problem = None
-        lines: list[bytes] = []
-        try:
-            lines += self._drain()
-            st = os.stat(self.path)
-            if (st.st_dev, st.st_ino) != self._id:  # rotated: a new file now lives at the path
-                new = open(self.path, "rb")
-                lines += self._flush_partial()
-                self._file.close()
-                self._file, self._id = new, (st.st_dev, st.st_ino)
-                lines += self._drain()
-            elif st.st_size < self._file.tell():  # truncated in place
-                self._file.seek(0)
-                self._partial = b""
-                lines += self._drain()
-        except OSError as e:
-            self.problem = f"{type(e).__name__}: {e.strerror or e}"
-        return lines
-
-    def close(self) -> None:
-        """Close the followed file."""
-        self._file.close()
-
-    def _drain(self) -> list[bytes]:
-        lines: list[bytes] = []
-        while chunk := self._file.read(1 << 20):
-            parts = (self._partial + chunk).split(b"\n")
-            self._partial = parts.pop()
-            lines += parts
-            if len(self._partial) > MAX_LINE_BYTES:
-                lines += self._flush_partial()
-        return lines
-
-    def _flush_partial(self) -> list[bytes]:
-        out, self._partial = ([self._partial] if self._partial else []), b""
-        return out
-
-
-# ---------------------------------------------------------------------- processes
-def process_alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie, exited but not yet reaped, counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, owned by someone else
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (or it vanished between the two looks): trust kill(0)
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def run_dir_pids(run_dir: Path) -> list[int]:
-    """Pids of the run's rank processes on this host, from ranks/*.json (unreadable files are skipped)."""
-    host = socket.gethostname()
-    pids = []
-    for path in sorted((run_dir / "ranks").glob("*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and record.get("host") == host and isinstance(record.get("pid"), int):
-            pids.append(record["pid"])
-    return sorted(set(pids))
-
-
+# ---------------------------------------------------------------------- the run's end
 def final_status(lines: list[bytes]) -> str | None:
     """The `status` of the final `status` event among events.jsonl lines, or None."""
     for line in lines:
@@ -171,44 +89,6 @@ def final_status(lines: list[bytes]) -> str | None:
 
 
 # ---------------------------------------------------------------------- live watching
-@dataclass(frozen=True, kw_only=True)
-class WatchTarget:
-    """What to watch: the log, the run directory it belongs to (or None), the pids to stop."""
-
-    log: Path
-    run_dir: Path | None
-    stop_pids: tuple[int, ...]
-    """--stop-pid; empty for a run directory (its ranks are looked up at stop time)."""
-
-
-def resolve_target(path: Path, stop_pid: int | None) -> WatchTarget:
-    """A log file or a run directory (console.log + events.jsonl), with the pid to stop.
-
-    Raises:
-        FileNotFoundError: a directory without console.log.
-        ValueError: --stop-pid is not a process this user may signal.
-    """
-    if stop_pid is not None:
-        if stop_pid <= 0:  # kill(0) and kill(-1) would signal a process group or every process
-            raise ValueError(f"--stop-pid must be a process id > 0, got {stop_pid}")
-        try:
-            os.kill(stop_pid, 0)
-        except ProcessLookupError:
-            raise ValueError(
-                f"--stop-pid {stop_pid}: no such process, so nothing would guard the run"
-            ) from None
-        except PermissionError:
-            raise ValueError(f"--stop-pid {stop_pid}: not allowed to signal that process") from None
-        if not process_alive(stop_pid):
-            raise ValueError(f"--stop-pid {stop_pid}: that process has already exited")
-    pids = (stop_pid,) if stop_pid is not None else ()
-    if path.is_dir():
-        if not (path / "console.log").is_file():
-            raise FileNotFoundError(f"{path} is a directory without console.log, not a grpolab run directory")
-        return WatchTarget(log=path / "console.log", run_dir=path, stop_pids=pids)
-    return WatchTarget(log=path, run_dir=None, stop_pids=pids)
-
-
 class Watchdog:
     """The live loop: follow the log, check every `rule.interval` seconds, stop after `rule.checks` strikes.
 
@@ -216,7 +96,8 @@ class Watchdog:
         target: the log, its run directory, the pids to stop.
         rule: limit, checks, interval, window (seconds).
         pattern: bytes regular expression an error line matches.
-        what: how messages name a matching line ("errors from the rollout engine").
+        what: how messages name one matching line and several (`ERRORS`).
+        grace_s: seconds between SIGTERM and SIGKILL on a stop (`stopping.stop_processes`).
         out: where messages go (default: sys.stdout; one line each, UTC time first, as the manual's script).
         clock / sleep: monotonic seconds and sleeping (injectable).
 
@@ -230,23 +111,28 @@ class Watchdog:
         rule: WatchdogRule,
         pattern: re.Pattern[bytes],
         *,
-        what: str = "errors from the rollout engine",
+        what: tuple[str, str] = ERRORS,
+        grace_s: float = DEFAULT_GRACE_S,
         out: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.target, self.rule, self.pattern, self.what = target, rule, pattern, what
+        self.grace_s = grace_s
         self.out = sys.stdout if out is None else out
         self._clock, self._sleep = clock, sleep
-        self._log = LogFollower(target.log)
+        self._log = LogFollower(target.log, from_end=not target.from_start)
         self._events: LogFollower | None = None
         self._times: list[float] = []  # read time of each matching line, ascending
         self.label = str(target.run_dir or target.log)
 
     def say(self, message: str) -> None:
         """Print one message line, stamped like `date -u +%FT%TZ`."""
-        print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {self.label}: {message}", file=self.out)
+        print(stamped(self.label, message), file=self.out)
         self.out.flush()
+
+    def _count(self, n: int) -> str:
+        return plural(n, *self.what)
 
     def run(self) -> int:
         """Watch until the run ends (0) or the rule stops it (1); Ctrl+C gives 130."""
@@ -254,8 +140,8 @@ class Watchdog:
         tick = min(MAX_READ_TICK_S, rule.interval / 4, rule.window / 4)
         self.say(
             f"watching {self.target.log} for {self.pattern.pattern.decode(errors='replace')!r}: every "
-            f"{rule.interval:g} s, more than {rule.limit} in the last {rule.window:g} s is a strike, "
-            f"{rule.checks} strikes in a row stop the run"
+            f"{rule.interval:g} s, more than {rule.limit} in the last {rule.window:g} s is a strike; "
+            f"the run is stopped after {plural(rule.checks, 'strike')} in a row"
         )
         strikes = count = 0
         next_check = self._clock() + rule.interval
@@ -276,15 +162,16 @@ class Watchdog:
                         before, strikes = strikes, rule.strikes_after(strikes, count)
                         if strikes:
                             self.say(
-                                f"strike {strikes} of {rule.checks}: {count} {self.what} in the last "
+                                f"strike {strikes} of {rule.checks}: {self._count(count)} in the last "
                                 f"{rule.window:g} s (limit {rule.limit})"
                             )
                         elif before:
-                            self.say(f"{count} {self.what} in the last {rule.window:g} s, strikes reset")
+                            self.say(f"{self._count(count)} in the last {rule.window:g} s, strikes reset")
                         if rule.stops(strikes):
                             self.say(
-                                f"more than {rule.limit} {self.what} in each of {rule.checks} checks, "
-                                f"last {count} in {rule.window:g} s, stopping the run"
+                                f"more than {self._count(rule.limit)} in each of "
+                                f"{plural(rule.checks, 'check')}, last {count} in {rule.window:g} s, "
+                                "stopping the run"
                             )
                             self._stop()
                             return EXIT_STOPPED
@@ -303,7 +190,7 @@ class Watchdog:
     def _run_ended(self) -> str | None:
         """Why the run ended (its final status, or its process exited), or None while it runs."""
         for pid in self.target.stop_pids:
-            if not process_alive(pid):
+            if not is_alive(pid):
                 return f"process {pid} exited"
         run_dir = self.target.run_dir
         if run_dir is None:
@@ -319,31 +206,14 @@ class Watchdog:
         return None if status is None else f"status {status} in events.jsonl"
 
     def _stop(self) -> None:
-        """SIGTERM to the target pids (or the run's rank processes on this host); wait up to STOP_WAIT_S."""
+        """SIGTERM to the target pids (or the run's rank processes on this host), SIGKILL after the grace."""
         pids = list(self.target.stop_pids)
         if not pids and self.target.run_dir is not None:
             pids = run_dir_pids(self.target.run_dir)
         if not pids:
             self.say("no process to stop (pass --stop-pid PID); stop the run by hand")
             return
-        sent = []
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGTERM)
-                sent.append(pid)
-            except ProcessLookupError:
-                self.say(f"process {pid} had already exited")
-            except PermissionError:
-                self.say(f"not allowed to send SIGTERM to process {pid}; stop it by hand")
-        if not sent:
-            return
-        self.say(f"sent SIGTERM to process{'es' if len(sent) > 1 else ''} {', '.join(map(str, sent))}")
-        deadline = self._clock() + STOP_WAIT_S
-        while any(process_alive(pid) for pid in sent) and self._clock() < deadline:
-            self._sleep(0.1)
-        left = [pid for pid in sent if process_alive(pid)]
-        if left:
-            self.say(f"still running {STOP_WAIT_S:g} s after SIGTERM: {', '.join(map(str, left))}")
+        stop_processes(pids, grace_s=self.grace_s, say=self.say, clock=self._clock, sleep=self._sleep)
 
 
 # ---------------------------------------------------------------------- replay
@@ -351,7 +221,7 @@ def format_replay(path: Path, times: list[float], rule: WatchdogRule, rows: list
     """The manual's replay table (section 1.2, `watchdog_replay.py`) as text."""
     first = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(times[0]))
     lines = [
-        f"{path}: {len(times)} errors from {first} over {times[-1] - times[0]:.0f} s, checks every "
+        f"{path}: {plural(len(times), 'error')} from {first} over {times[-1] - times[0]:.0f} s, checks every "
         f"{rule.interval:g} s over the last {rule.window:g} s, limit {rule.limit}",
         f"{'checks':>6}  {'offsets stopped':<16}  {'most checks in a row':<20}  stopped after (from the first error)",
     ]
@@ -375,7 +245,7 @@ def replay_command(
     except OSError as e:
         return _fail(f"--replay {path}: cannot read it ({e.strerror or e})")
     if not found.times:
-        extra = f" ({found.unstamped} matching lines carry no time)" if found.unstamped else ""
+        extra = f" (no time on {plural(found.unstamped, 'matching line')})" if found.unstamped else ""
         return _fail(
             f"--replay {path}: no error times found{extra}; expected one time per line (Unix seconds, "
             f"ISO 8601 or a Miles log time) or log lines matching {pattern.pattern!r} that carry a time"
@@ -383,7 +253,7 @@ def replay_command(
     rows = replay_table(found.times, rule, checks)
     print(format_replay(path, found.times, rule, rows), file=out)
     if found.unstamped:
-        print(f"({found.unstamped} matching lines carry no time and were left out)", file=out)
+        print(f"(left out: {plural(found.unstamped, 'matching line')} without a time)", file=out)
     return EXIT_ENDED
 
 
@@ -391,8 +261,8 @@ def replay_command(
 def add_watchdog_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `grpolab watchdog` (defaults: Miles 101 manual, section 1.2)."""
     parser.epilog = (
-        "exit codes: 0 the run ended, 1 the watchdog stopped it, 2 cannot read the log or a bad number, "
-        "130 Ctrl+C"
+        "exit codes: 0 the run ended, 1 the watchdog stopped it, 2 cannot read the log (still missing after "
+        "--wait-seconds, permission) or a bad number, 130 Ctrl+C"
     )
     parser.add_argument(
         "target",
@@ -428,6 +298,22 @@ def add_watchdog_arguments(parser: argparse.ArgumentParser) -> None:
         help="process to SIGTERM on a stop; the watch also ends when it exits",
     )
     parser.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        metavar="S",
+        help="on a stop, SIGKILL the processes still running this many seconds after SIGTERM "
+        f"(default {DEFAULT_GRACE_S:g}, as docker stop)",
+    )
+    parser.add_argument(
+        "--wait-seconds",
+        type=float,
+        default=DEFAULT_WAIT_S,
+        metavar="S",
+        help="wait this long for a LOG_OR_RUN_DIR that does not exist yet, or a run directory's console.log, "
+        f"to appear (default {DEFAULT_WAIT_S:g}; then exit 2)",
+    )
+    parser.add_argument(
         "--replay",
         metavar="FILE",
         default=None,
@@ -445,6 +331,9 @@ def run_watchdog_command(args: argparse.Namespace) -> int:
             window=args.window,
         )
         checks = list(REPLAY_CHECKS) if args.checks is None else [args.checks]
+        for flag, seconds in (("--grace-seconds", args.grace_seconds), ("--wait-seconds", args.wait_seconds)):
+            if not (math.isfinite(seconds) and seconds >= 0):
+                raise ValueError(f"{flag} must be a finite number of seconds >= 0, got {seconds!r}")
         text_pattern = re.compile(args.pattern)
         byte_pattern = re.compile(args.pattern.encode())
     except ValueError as e:
@@ -458,13 +347,16 @@ def run_watchdog_command(args: argparse.Namespace) -> int:
     if args.target is None:
         return _fail("give the LOG_OR_RUN_DIR to watch (or --replay FILE)")
     what = (
-        "errors from the rollout engine"
+        ERRORS
         if args.pattern == DEFAULT_PATTERN
-        else f"lines matching {args.pattern!r}"
+        else (f"line matching {args.pattern!r}", f"lines matching {args.pattern!r}")
     )
     try:
-        target = resolve_target(Path(args.target), args.stop_pid)
-        watchdog = Watchdog(target, rule, byte_pattern, what=what)
+        pids = check_stop_pid(args.stop_pid)
+        target = wait_for_target(Path(args.target), pids, wait_s=args.wait_seconds)
+        if target is None:
+            return EXIT_ENDED
+        watchdog = Watchdog(target, rule, byte_pattern, what=what, grace_s=args.grace_seconds)
     except ValueError as e:
         return _fail(str(e))
     except OSError as e:

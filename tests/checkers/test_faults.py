@@ -195,3 +195,25 @@ def test_sleep_forever_at_end_really_hangs(tmp_path: Path) -> None:
         "ENGINE STOPPED",
         "[grpolab fault] injecting sleep_forever_at_end on rank 0 at rollout 1 (--ci-ft-test-actions item 0)",
     ]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_fault_line_reaches_console_log_once_on_the_terminal(tmp_path: Path, rank: int) -> None:
+    """In a run (the grpolab logger set up, console.log attached) the line also lands in console.log,
+    on rank 1 too (whose logger keeps warnings only); the terminal gets it once, on stderr."""
+    console = tmp_path / "console.log"
+    body = f"""
+        import logging
+        from grpolab.core.rundir import setup_console_logging
+        setup_console_logging(quiet={rank != 0})
+        handler = logging.FileHandler({str(console)!r})
+        logging.getLogger("grpolab").addHandler(handler)
+        actions = parse_fault_actions('[{{"at_rollout": 0, "action": "crash_before_allreduce", "rank": {rank}}}]')
+        FaultInjector(actions, rank={rank}).maybe_fire("before_allreduce", 0)
+    """
+    proc = subprocess.run(_script(body), capture_output=True, text=True, timeout=120)
+    line = f"[grpolab fault] injecting crash_before_allreduce on rank {rank} at rollout 0 (--ci-ft-test-actions item 0)"
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines() == [line]
+    assert proc.stdout == ""
+    assert console.read_text().splitlines() == [line]  # written before os._exit

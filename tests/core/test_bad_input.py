@@ -44,6 +44,20 @@ def test_flags_rejected_at_parse_time(argv: list[str], needle: str, capsys) -> N
     assert needle in capsys.readouterr().err
 
 
+def test_range_errors_show_the_train_usage(capsys) -> None:
+    """A value the config rejects is an error of `grpolab train`, with its usage, not the top-level one."""
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--engine-failure-timeout", "0"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: grpolab train ") and "usage: grpolab [-h]" not in err
+    assert "grpolab train: error: --engine-failure-timeout must be a finite number of seconds > 0" in err
+    assert len(err.splitlines()) == 2  # a one-line usage, not every flag
+    with pytest.raises(SystemExit):
+        main([])
+    assert "the following arguments are required: {train," in capsys.readouterr().err
+
+
 def test_load_and_save_paths(tmp_path: Path, capsys) -> None:
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(SystemExit):

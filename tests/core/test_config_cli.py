@@ -55,6 +55,12 @@ def test_booleans_have_no_forms() -> None:
         (["--rollout-top-p", "0"], "--rollout-top-p"),
         (["--save-interval", "2"], "--save-interval needs --save"),
         (["--train-dtype", "int8"], "--train-dtype"),
+        (
+            ["--gpu-sample-interval", "1e-9"],
+            r"--gpu-sample-interval must be 0 \(no GPU sampling\) or .* >= 0.1",
+        ),
+        (["--gpu-sample-interval", "-1"], "--gpu-sample-interval must be 0"),
+        (["--gpu-sample-interval", "nan"], "--gpu-sample-interval must be 0"),
     ],
 )
 def test_bad_flags_name_the_flag(argv: list[str], needle: str) -> None:
@@ -68,3 +74,9 @@ def test_config_round_trips_through_dict() -> None:
     assert again == cfg
     with pytest.raises(ValueError, match="unknown fields"):
         Config.from_dict({"optimizer": {"learning_rate": 1}})
+
+
+def test_gpu_sample_interval_zero_or_from_a_tenth_of_a_second() -> None:
+    assert parse("--gpu-sample-interval", "0").run.gpu_sample_interval == 0
+    assert parse("--gpu-sample-interval", "0.1").run.gpu_sample_interval == 0.1
+    assert parse().run.gpu_sample_interval == 1.0

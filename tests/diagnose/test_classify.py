@@ -81,14 +81,62 @@ def test_cleanup_deadlock_starts_with_the_exception_and_names_the_teardown():
     assert verdict.rows[0].call_site.startswith("train_step (")
     assert verdict.rows[1].collective == "barrier" and verdict.rows[1].call_site.startswith("Trainer.close (")
     assert verdict.next_steps[0].startswith("Fix the exception on rank 1 first: RuntimeError")
-    steps = " ".join(verdict.next_steps)
+    nccl = " ".join(classify(observations("cleanup"), backend="nccl").next_steps)
     for variable in (
         "NCCL_DEBUG=INFO",
         "TORCH_DISTRIBUTED_DEBUG=DETAIL",
-        "NCCL_TIMEOUT=300",
+        "timeout=timedelta(seconds=300)",
         "CUDA_LAUNCH_BLOCKING=1",
     ):
-        assert variable in steps
+        assert variable in nccl
+
+
+def test_timeout_and_debug_advice_follow_the_backend():
+    """torch's default timeout is 10 min for NCCL, 30 min for gloo; NCCL_DEBUG only for NCCL runs."""
+    nccl = " ".join(classify(observations("cleanup"), backend="nccl").next_steps)
+    assert "torch's default is 10 min for NCCL)" in nccl and "NCCL_DEBUG=INFO" in nccl
+    assert "NCCL_TIMEOUT=300, as in the AReaL guide, works only where the launcher reads it" in nccl
+    gloo = " ".join(classify(observations("cleanup"), backend="gloo").next_steps)
+    assert "torch's default is 30 min for gloo)" in gloo and "TORCH_CPP_LOG_LEVEL=INFO" in gloo
+    assert "NCCL_DEBUG" not in gloo and "CUDA_LAUNCH_BLOCKING" not in gloo
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in gloo
+    unknown = " ".join(classify(observations("straggler", second_sample=False)).next_steps)
+    assert "10 min for NCCL, 30 min for gloo" in unknown and "NCCL_DEBUG" not in unknown
+    same = classify(
+        [rank(0, in_collective("all_reduce", "step")), rank(1, in_collective("all_reduce", "step"))]
+    )
+    assert "GLOO_SOCKET_IFNAME" not in same.next_steps[0] and "NCCL_DEBUG" not in same.next_steps[0]
+    gloo_same = classify(
+        [rank(0, in_collective("all_reduce", "step")), rank(1, in_collective("all_reduce", "step"))],
+        backend="gloo",
+    )
+    assert "GLOO_SOCKET_IFNAME" in gloo_same.next_steps[0]
+
+
+def test_nccl_native_frames_make_nccl_advice():
+    waits = (Frame("c10d::ProcessGroupNCCL::WorkNCCL::wait", "libtorch_cuda.so", None, native=True),)
+    obs = [
+        rank(0, waits + in_collective("all_reduce", "step")),
+        rank(1, in_collective("all_reduce", "step")),
+    ]
+    steps = " ".join(classify(obs).next_steps)
+    assert "NCCL_DEBUG=INFO" in steps and "10 min for NCCL)" in steps
+    assert classify(obs, backend="gloo").next_steps == classify(obs).next_steps  # frames say NCCL
+
+
+def test_root_cause_exception_comes_before_a_lost_peer_connection():
+    """Rank 0 failed because rank 1's sockets closed; rank 1's own error is the one to fix."""
+    peer = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:19102"
+    verdict = classify(
+        [
+            rank(0, None, exception=peer, heartbeat_age_s=3.0),
+            rank(1, None, exception="InjectedFault: injected fault: raise_in_train", heartbeat_age_s=4.0),
+            rank(2, in_collective("all_reduce", "train_step"), heartbeat_age_s=50.0),
+        ]
+    )
+    assert verdict.kind == "cleanup_deadlock"
+    assert verdict.evidence[0] == "rank 1 raised InjectedFault: injected fault: raise_in_train"
+    assert verdict.next_steps[0].startswith("Fix the exception on rank 1 first: InjectedFault")
 
 
 def test_a_rank_that_exited_after_an_exception_is_pattern_a():

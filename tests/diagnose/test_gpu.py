@@ -581,7 +581,7 @@ def test_train_run_samples_gpus_on_rank0_until_the_end(
 ) -> None:
     nv = fake_pynvml([_gpu(), _gpu(handle=1, event_reasons=0x20)])
     monkeypatch.setattr(nvml, "_import_pynvml", lambda: nv)
-    run_dir = runs.run(tmp_path, "sampled", "--num-rollout", "2", "--gpu-sample-interval", "0.05")
+    run_dir = runs.run(tmp_path, "sampled", "--num-rollout", "2", "--gpu-sample-interval", "0.1")
     assert nv.shutdowns == 1  # stopped (and NVML shut down) before train() returned
     assert not any(t.name == "grpolab-gpu-sampler" for t in threading.enumerate())
     lines = _lines(run_dir / gpu.GPU_FILE)

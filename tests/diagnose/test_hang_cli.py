@@ -2,7 +2,8 @@
 
 Rank processes are real (`python -c` sleepers, so liveness and /proc are real); py-spy is a small
 shell script (`--py-spy PATH`) that prints canned `py-spy dump --json` output per pid, so each test
-controls what the "ranks" show in each sample. The real-hang tests are in test_hang_real.py.
+controls what the "ranks" show in each sample (hang_fakes.py). The real-hang tests are in test_hang_real.py;
+the cases found by a fresh-user pass (ended processes, reused pids, two jobs, …) in test_hang_edges.py.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
 import subprocess
 import sys
 import threading
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hang_fakes import ALL_REDUCE, FakeWorld, cli, run_json
 
 from grpolab.diagnose import pyspy
 from grpolab.diagnose.hang import add_hang_arguments, run_hang_command
@@ -25,122 +26,11 @@ from grpolab.diagnose.hang_progress import decide_progress
 from grpolab.diagnose.hang_targets import (
     InspectError,
     is_alive,
-    proc_cmdline,
-    proc_env_rank,
     proc_parent,
     proc_state,
     ranks_from_match,
     read_rank_files,
 )
-
-FAKE_PY_SPY = """#!/bin/sh
-# A stand-in for py-spy: `--version`, and `dump --json --pid PID [--native]` answered from $FAKE_PYSPY_DIR:
-#   PID.err: print it to stderr, exit 1;  PID.N.json: the N-th dump of PID;  PID.json: any dump.
-if [ "$1" = "--version" ]; then echo "py-spy 0.0.0-fake"; exit 0; fi
-pid=$4
-d=$FAKE_PYSPY_DIR
-if [ -f "$d/$pid.err" ]; then cat "$d/$pid.err" >&2; exit 1; fi
-if [ -f "$d/$pid.sleep" ]; then sleep "$(cat "$d/$pid.sleep")"; fi
-n=$(cat "$d/$pid.count" 2>/dev/null || echo 0)
-n=$((n + 1))
-echo "$n" > "$d/$pid.count"
-if [ -f "$d/$pid.$n.json" ]; then cat "$d/$pid.$n.json"; else cat "$d/$pid.json"; fi
-"""
-
-ALL_REDUCE = [
-    ("all_reduce", "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 3252),
-    ("wrapper", "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", 83),
-    ("train_step", "/work/job.py", 40),
-    ("<module>", "/work/job.py", 60),
-]
-
-
-def pyspy_json(pid: int, frames: list[tuple[str, str, int]], *, thread_name: str = "MainThread") -> str:
-    """`py-spy dump --json` output (py-spy 0.4 field names) for one thread with `frames`, innermost first."""
-    return json.dumps(
-        [
-            {
-                "pid": pid,
-                "thread_id": 140000000000000 + pid,
-                "thread_name": thread_name,
-                "os_thread_id": pid,
-                "active": False,
-                "owns_gil": False,
-                "frames": [
-                    {
-                        "name": name,
-                        "filename": filename,
-                        "module": None,
-                        "short_filename": filename.rsplit("/", 1)[-1],
-                        "line": line,
-                        "locals": None,
-                        "is_entry": i == len(frames) - 1,
-                        "is_shim_entry": i == len(frames) - 1,
-                    }
-                    for i, (name, filename, line) in enumerate(frames)
-                ],
-                "process_info": None,
-            }
-        ]
-    )
-
-
-class FakeWorld:
-    """Sleeping processes standing in for ranks, a run directory and a fake py-spy."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.spy_dir = tmp / "spy"
-        self.spy_dir.mkdir()
-        self.py_spy = tmp / "py-spy"
-        self.py_spy.write_text(FAKE_PY_SPY)
-        self.py_spy.chmod(self.py_spy.stat().st_mode | stat.S_IXUSR)
-        self.procs: list[subprocess.Popen] = []
-
-    def spawn(self, *marker: str, env: dict[str, str] | None = None) -> int:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(300)", *marker],
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-        self.procs.append(proc)
-        deadline = time.time() + 60  # the parent returns mid-exec: wait for the new cmdline and environ
-        while time.time() < deadline and not (
-            "time.sleep(300)" in (proc_cmdline(proc.pid) or "")
-            and (not env or proc_env_rank(proc.pid) is not None or "RANK" not in env)
-        ):
-            time.sleep(0.01)
-        return proc.pid
-
-    def shows(self, pid: int, frames: list[tuple[str, str, int]], *, sample: int | None = None) -> None:
-        name = f"{pid}.json" if sample is None else f"{pid}.{sample}.json"
-        (self.spy_dir / name).write_text(pyspy_json(pid, frames))
-
-    def fails(self, pid: int, message: str) -> None:
-        (self.spy_dir / f"{pid}.err").write_text(message)
-
-    def run_dir(
-        self, pids: list[int], *, name: str = "run", age_s: float = 0.0, host: str | None = None
-    ) -> Path:
-        run = self.tmp / name
-        (run / "ranks").mkdir(parents=True)
-        (run / "run.json").write_text(json.dumps({"name": name, "world_size": len(pids)}))
-        for rank, pid in enumerate(pids):
-            record = {
-                "rank": rank,
-                "pid": pid,
-                "host": host or os.uname().nodename,
-                "role": "actor+rollout",
-                "heartbeat": {"phase": "train", "rollout_id": 3, "step": None, "time": time.time() - age_s},
-            }
-            (run / "ranks" / f"{rank}.json").write_text(json.dumps(record))
-        return run
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=30)
 
 
 @pytest.fixture
@@ -151,17 +41,6 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         yield w
     finally:
         w.close()
-
-
-def cli(world: FakeWorld, *argv: str, py_spy: str | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_hang_arguments(parser)
-    return parser.parse_args([*argv, "--py-spy", py_spy or str(world.py_spy)])
-
-
-def run_json(world: FakeWorld, capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, dict]:
-    code = run_hang_command(cli(world, *argv, "--json"))
-    return code, json.loads(capsys.readouterr().out)
 
 
 # ----------------------------------------------------------------------------- the progress rule
@@ -205,10 +84,31 @@ def test_progress_rule_moving_stacks_need_stale_heartbeats_to_be_a_hang() -> Non
     assert not stale.progressed and "rank(s) 1" in stale.reason and "121.0 s" in stale.reason
 
 
-def test_progress_rule_single_sample_uses_stall_seconds() -> None:
-    kwargs = dict(files_changed=[], ranks_compared=[], ranks_moved=[], stall_seconds=10.0, interval_s=0.0)
-    assert decide_progress(newest_activity_age_s=3.0, **kwargs).progressed
-    assert not decide_progress(newest_activity_age_s=10.0, **kwargs).progressed
+def test_progress_rule_single_sample_confirms_only_stale_heartbeats() -> None:
+    """One sample cannot show movement: fresh heartbeats leave the hang not confirmed, never "progress"."""
+    kwargs = dict(
+        files_changed=[], ranks_compared=[], ranks_moved=[], stall_seconds=10.0, interval_s=0.0, samples=1
+    )
+    fresh = decide_progress(newest_activity_age_s=3.0, **kwargs)
+    assert fresh.outcome == "not_confirmed" and not fresh.progressed
+    assert "only one sample was taken" in fresh.reason and "--interval > 0" in fresh.note
+    assert "older than --stall-seconds 10" in fresh.note
+    stale = decide_progress(newest_activity_age_s=10.0, **kwargs)
+    assert stale.outcome == "hung" and "only one sample was taken" in stale.reason
+    wrote = decide_progress(**{**kwargs, "files_changed": ["ranks/0.json"]}, newest_activity_age_s=3.0)
+    assert wrote.outcome == "progressed" and wrote.reason.endswith("while its ranks were sampled")
+    no_age = decide_progress(**{**kwargs, "samples": 2, "interval_s": 2.0}, newest_activity_age_s=None)
+    assert no_age.outcome == "not_confirmed" and "no rank could be sampled twice" in no_age.reason
+
+
+def test_progress_rule_a_local_rank_gone_without_final_status_is_never_progress() -> None:
+    check = decide_progress(
+        files_changed=["metrics.jsonl"], ranks_compared=[], ranks_moved=[], newest_activity_age_s=0.5,
+        stall_seconds=120, interval_s=2, ranks_exited=[0],
+    )  # fmt: skip
+    assert check.outcome == "hung" and check.reason.startswith(
+        "rank 0 exited and the run wrote no final status"
+    )
 
 
 # ------------------------------------------------------------------------------------- discovery
@@ -302,7 +202,7 @@ def test_hung_world_is_exit_1_with_dumps_in_the_run_dir(world: FakeWorld, capsys
     pids = [world.spawn(), world.spawn()]
     for pid in pids:
         world.shows(pid, ALL_REDUCE)
-    run = world.run_dir(pids, age_s=300)
+    run = world.run_dir(pids)
     code = run_hang_command(cli(world, str(run), "--interval", "0.2"))
     out = capsys.readouterr().out
     assert code == 1, out
@@ -345,8 +245,8 @@ def test_moving_stacks_with_stale_heartbeats_are_a_hang(world: FakeWorld, capsys
     world.shows(pids[0], [("wait_for_scores", "/work/job.py", 12), ("main", "/work/job.py", 50)])
     world.shows(pids[1], [("score", "/work/job.py", 20), ("main", "/work/job.py", 51)], sample=1)
     world.shows(pids[1], [("score", "/work/job.py", 21), ("main", "/work/job.py", 51)], sample=2)
-    run = world.run_dir(pids, age_s=30)
-    code, report = run_json(world, capsys, str(run), "--interval", "0.2", "--stall-seconds", "10")
+    run = world.run_dir(pids)  # its heartbeats are >= 0.2 s old once the second sample is taken
+    code, report = run_json(world, capsys, str(run), "--interval", "0.2", "--stall-seconds", "0.1")
     assert code == 1
     assert report["verdict"]["kind"] == "python_stall"
     assert "code runs without reaching the next phase" in report["progress"]["reason"]
@@ -360,7 +260,7 @@ def test_moving_stacks_with_stale_heartbeats_are_a_hang(world: FakeWorld, capsys
 def test_heartbeat_written_between_samples_is_progress(world: FakeWorld, capsys) -> None:
     pid = world.spawn()
     world.shows(pid, ALL_REDUCE)
-    run = world.run_dir([pid], age_s=500)
+    run = world.run_dir([pid])
     rank_file = run / "ranks" / "0.json"
 
     def heartbeat_after_first_sample() -> None:
@@ -455,7 +355,12 @@ def test_ended_run_is_exit_0_and_killed_run_is_exit_2(world: FakeWorld, capsys) 
         json.dumps({"event": "status", "time": time.time(), "status": "finished"}) + "\n"
     )
     code = run_hang_command(cli(world, str(run)))
-    assert code == 0 and "the run ended: final status 'finished'" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "\nthe run ended (final status 'finished'); no rank process is alive\n" in out
+    assert "verdict: Not hung: the run ended (final status 'finished')\n" in out
+    assert f"rank 0 (pid {gone.pid}): exited (pid gone)" in out
+    assert "progress observed" not in out and "exited, exited" not in out and "next steps" not in out
     killed = world.run_dir([gone.pid], name="killed")
     code = run_hang_command(cli(world, str(killed)))
     assert code == 2 and "no rank process is alive" in capsys.readouterr().err
@@ -465,7 +370,7 @@ def test_remote_rank_is_named_not_dumped(world: FakeWorld, capsys) -> None:
     local, remote = world.spawn(), world.spawn()
     world.shows(local, ALL_REDUCE)
     world.shows(remote, [("should_not_be_dumped", "/x.py", 1)])
-    run = world.run_dir([local], age_s=300)
+    run = world.run_dir([local])
     other = world.run_dir([remote], name="other", host="node-elsewhere-7")
     record = json.loads((other / "ranks" / "0.json").read_text())
     (run / "ranks" / "1.json").write_text(json.dumps({**record, "rank": 1}))

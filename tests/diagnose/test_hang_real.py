@@ -186,7 +186,9 @@ def test_cli_json_shape(straggler) -> None:
     }
     assert report["hung"] is True and report["exit_code"] == 1 and report["missing_ranks"] == {}
     assert set(report["verdict"]) >= {"kind", "pattern", "title", "evidence", "rows", "next_steps"}
-    assert any("NCCL_DEBUG=INFO" in s for s in report["verdict"]["next_steps"])
+    steps = " ".join(report["verdict"]["next_steps"])
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in steps and "timeout=timedelta(seconds=300)" in steps
+    assert "NCCL_DEBUG" not in steps  # a gloo world: nothing says NCCL (no run.json, no NCCL frames)
     assert set(report["progress"]) >= {
         "progressed",
         "reason",
@@ -309,23 +311,50 @@ def test_real_train_run_hung_by_sleep_forever_at_end(tmp_path: Path, capsys) -> 
         _kill_tree(proc)
 
 
-def test_failed_run_records_its_exception_and_is_not_hung(tmp_path: Path, capsys) -> None:
-    """The training loop writes the exception into its rank file; a run that ended is not a hang."""
+def test_failed_run_shows_the_root_cause_rank_first(tmp_path: Path, capsys) -> None:
+    """Rank 1 raises in train; rank 0 then fails in its all_reduce ("Connection closed by peer") and its
+    error becomes the final status. Each rank records its exception in its rank file; the report of
+    the ended run puts rank 1's error first."""
     run = tmp_path / "failed"
-    actions = '[{"at_rollout": 0, "action": "raise_in_train", "rank": 0}]'
+    actions = '[{"at_rollout": 0, "action": "raise_in_train", "rank": 1}]'
+    argv = ["train", "--nproc-per-node", "2", "--num-rollout", "2", "--rollout-batch-size", "2"]
+    argv += ["--n-samples-per-prompt", "2", "--rollout-max-response-len", "8", "--no-progress"]
     out = subprocess.run(
-        [sys.executable, "-m", "grpolab", "train", *SMALL, "--num-rollout", "1", "--run-dir", str(run)]
-        + ["--ci-ft-test-actions", actions],
+        [sys.executable, "-m", "grpolab", *argv, "--run-dir", str(run), "--ci-ft-test-actions", actions],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=400,
     )
     assert out.returncode != 0, out.stdout[-2000:]
-    record = _rank_file(run, 0)
+    record = _rank_file(run, 1)
     assert record["heartbeat"]["phase"] == "error"
-    assert record["error"].startswith("InjectedFault: injected fault: raise_in_train on rank 0 at rollout 0")
+    assert record["error"].startswith("InjectedFault: injected fault: raise_in_train on rank 1 at rollout 0")
     assert "in _fire\n" in record["error"]  # the innermost traceback lines come with it
     code, text = diagnose_text(capsys, str(run))
-    assert code == 0
-    assert "verdict: Not hung: the run ended: final status 'failed' (InjectedFault: injected fault" in text
+    assert code == 0, text
+    assert "\nthe run ended (final status 'failed'); no rank process is alive\n" in text
+    assert "verdict: Not hung: the run ended (final status 'failed'); rank 1 failed" in text
+    assert text.index("exception recorded by rank 1 (root cause):\n    InjectedFault:") < text.index(
+        "exception recorded by rank 0"
+    )
+    assert "Fix the error on rank 1 first: InjectedFault" in text
+    assert "progress observed" not in text and "exited, exited" not in text
+
+
+def test_match_over_two_jobs_is_refused_with_each_jobs_pids(tmp_path: Path, capsys) -> None:
+    """Two hung 2-rank worlds whose command lines both match: merged they would look like one 4-rank
+    world; each job's pids are listed instead, and a tighter pattern inspects one job."""
+    with (
+        hung_world(tmp_path, "straggler", 2) as (run_a, markers_a),
+        hung_world(tmp_path, "mismatch", 2) as (run_b, markers_b),
+    ):
+        code, report = diagnose(capsys, "--match", re.escape(str(tmp_path)), *FAST)
+        assert code == 2 and report["hung"] is None
+        error = report["error"]
+        assert "matches the ranks of 2 jobs" in error and "--pid" in error
+        for markers in (markers_a, markers_b):
+            assert f"pid {markers[0]['pid']} (RANK 0), pid {markers[1]['pid']} (RANK 1)" in error
+        code, report = diagnose(capsys, "--match", re.escape(str(run_b)), *FAST)
+    assert code == 1 and report["verdict"]["kind"] == "mismatched_collectives"
+    assert [r["pid"] for r in report["ranks"]] == [markers_b[0]["pid"], markers_b[1]["pid"]]

@@ -491,6 +491,9 @@ def test_rules_are_registered_by_id():
         "wandb_group",
         "dead_engine",
         "engine_503_bursts",
+        "fault_injected",
+        "engine_dead_timeout",
+        "train_failed",
     }
     again = type("Again", (Rule,), {"id": "fa3_sm", "severity": "error", "source": "x"})
     with pytest.raises(ValueError, match="'fa3_sm' is already registered"):
@@ -618,8 +621,8 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert main([str(LOGS / "miles_ray_oom.log"), str(missing)]) == 2
     captured = capsys.readouterr()
     assert f"cannot read {missing}" in captured.err and "ray_oom" in captured.out
-    assert main([str(tmp_path)]) == 2
-    assert "Is a directory" in capsys.readouterr().err
+    assert main([str(tmp_path)]) == 2  # a directory that is not a run directory (no console.log)
+    assert "a directory without console.log" in capsys.readouterr().err
 
     files = [str(LOGS / "miles_dead_engine.log"), str(LOGS / "grpolab_console.log")]
     assert main(["--json", *files]) == 1

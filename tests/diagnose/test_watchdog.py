@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +28,8 @@ from grpolab.diagnose.dead_engine import (
     parse_time,
     replay_table,
 )
-from grpolab.diagnose.watchdog import LogFollower, add_watchdog_arguments, run_watchdog_command
+from grpolab.diagnose.logfollow import LogFollower
+from grpolab.diagnose.watchdog import add_watchdog_arguments, format_replay, run_watchdog_command
 
 ERROR = "[2026-10-17 21:03:30.637 rollout_executor] http_utils.py:241 - Error: Server error '503 Service Unavailable' for url 'http://172.17.0.3:20035/generate'"
 LIVE = ["--interval", "0.2", "--window", "0.4", "--limit", "5", "--checks", "3"]
@@ -116,7 +118,7 @@ def test_replay_command_prints_the_table(tmp_path: Path, capsys: pytest.CaptureF
     code, out, _ = watchdog(capsys, "--replay", str(stored))
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].startswith(f"{stored}: 6000 errors from 2025-10-22 07:16:29")
+    assert lines[0].startswith(f"{stored}: 6,000 errors from 2025-10-22 07:16:29")
     assert "checks every 30 s over the last 60 s, limit 100" in lines[0]
     assert [line.split()[:4] for line in lines[2:]] == [
         ["6", "30", "of", "30"],
@@ -136,14 +138,15 @@ def test_replay_command_prints_the_table(tmp_path: Path, capsys: pytest.CaptureF
     )
     code, out, _ = watchdog(capsys, "--replay", str(log), "--checks", "10")
     assert code == 0
-    assert f"{len(stamps)} errors" in out and out.splitlines()[2].split() == ["10", "0", "of", "30", "6", "-"]
+    assert f"{len(stamps):,} errors" in out
+    assert out.splitlines()[2].split() == ["10", "0", "of", "30", "6", "-"]
 
 
 def test_replay_without_times_or_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plain = tmp_path / "console.log"
     plain.write_text("Error: 503 Service Unavailable\n" * 3)
     code, _, err = watchdog(capsys, "--replay", str(plain))
-    assert code == 2 and "no error times found (3 matching lines carry no time)" in err
+    assert code == 2 and "no error times found (no time on 3 matching lines)" in err
     code, _, err = watchdog(capsys, "--replay", str(tmp_path / "missing.txt"))
     assert code == 2 and "cannot read it" in err
 
@@ -157,6 +160,8 @@ def test_replay_without_times_or_file_exits_2(tmp_path: Path, capsys: pytest.Cap
         (["--window", "inf", "x.log"], "--window must be a finite number > 0"),
         (["--pattern", "(", "x.log"], "is not a regular expression"),
         (["--stop-pid", "0", "x.log"], "--stop-pid must be a process id > 0"),
+        (["--grace-seconds", "-1", "x.log"], "--grace-seconds must be a finite number of seconds >= 0"),
+        (["--wait-seconds", "nan", "x.log"], "--wait-seconds must be a finite number of seconds >= 0"),
         ([], "give the LOG_OR_RUN_DIR"),
     ],
 )
@@ -176,10 +181,10 @@ def test_bad_checks_through_the_grpolab_cli(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_unreadable_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = watchdog(capsys, str(tmp_path / "missing.log"))
+    code, _, err = watchdog(capsys, str(tmp_path / "missing.log"), "--wait-seconds", "0")
     assert code == 2 and "cannot read" in err and "No such file or directory" in err
     (tmp_path / "not_a_run").mkdir()
-    code, _, err = watchdog(capsys, str(tmp_path / "not_a_run"))
+    code, _, err = watchdog(capsys, str(tmp_path / "not_a_run"), "--wait-seconds", "0")
     assert code == 2 and "without console.log" in err
     if os.geteuid() != 0:  # root reads any file
         locked = tmp_path / "locked.log"
@@ -313,3 +318,76 @@ def test_live_run_dir_stops_its_ranks(
     assert code == 1
     assert child.wait(timeout=10) == -signal.SIGTERM
     assert f"sent SIGTERM to process {child.pid}" in out
+
+
+def test_one_error_is_worded_as_one(tmp_path: Path) -> None:
+    text = format_replay(tmp_path / "t.txt", [T0], WatchdogRule(), [])
+    assert text.startswith(f"{tmp_path / 't.txt'}: 1 error from 2025-10-22 07:16:29 over 0 s")
+
+
+# ---------------------------------------------------------------------- stopping and waiting
+def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As `docker stop`: SIGTERM, then SIGKILL once --grace-seconds have passed."""
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    stubborn = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert (
+            stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"
+        )  # SIGTERM is ignored now
+        log = tmp_path / "train.log"
+        log.write_text("")
+        with ErrorWriter(log):
+            code_, out, _ = watchdog(
+                capsys, str(log), *LIVE, "--stop-pid", str(stubborn.pid), "--grace-seconds", "0.5"
+            )
+        assert code_ == 1
+        assert stubborn.wait(timeout=30) == -signal.SIGKILL
+        assert f"sent SIGTERM to process {stubborn.pid}; SIGKILL follows after 0.5 s if still running" in out
+        assert f"process {stubborn.pid} still running 0.5 s after SIGTERM: sent SIGKILL" in out
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+        stubborn.wait()
+
+
+def test_waits_for_a_log_that_does_not_exist_yet(
+    tmp_path: Path, child: subprocess.Popen, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Started before the run: one "waiting" line, then the log is followed from its first line."""
+    log = tmp_path / "later" / "train.log"
+
+    def start_later() -> None:
+        time.sleep(0.8)
+        log.parent.mkdir()
+        with open(log, "w") as f:  # the first lines, written before the watchdog can look again
+            f.write((ERROR + "\n") * 20)
+        with ErrorWriter(log):
+            time.sleep(5)
+
+    writer = threading.Thread(target=start_later, daemon=True)
+    writer.start()
+    code, out, _ = watchdog(capsys, str(log), *LIVE, "--stop-pid", str(child.pid))
+    writer.join()
+    assert code == 1 and child.wait(timeout=10) == -signal.SIGTERM
+    assert out.count("waiting up to 300 s for it to appear (--wait-seconds)") == 1
+    assert re.search(r"strike 1 of 3: \d+ errors", out)
+
+
+def test_waiting_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = watchdog(capsys, str(tmp_path / "never.log"), "--wait-seconds", "0.6")
+    assert code == 2 and "waiting up to 0.6 s" in out
+    assert "No such file or directory after waiting 0.6 s (--wait-seconds)" in err
+    run = tmp_path / "run"
+    run.mkdir()  # a run directory whose console.log never comes
+    code, out, err = watchdog(capsys, str(run), "--wait-seconds", "0.6")
+    assert code == 2 and f"waiting up to 0.6 s for {run / 'console.log'} to appear" in out
+    assert "a directory without console.log after waiting 0.6 s" in err
+    # the run's process exits before its log appears: the run ended
+    proc = subprocess.Popen(["sleep", "0.5"])
+    try:
+        code, out, _ = watchdog(capsys, str(tmp_path / "never.log"), "--stop-pid", str(proc.pid))
+    finally:
+        proc.wait()
+    assert code == 0 and f"the run ended (process {proc.pid} exited) before its log appeared" in out
