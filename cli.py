@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -413,7 +414,31 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
         "train",
         *rest,
     ]
-    return subprocess.call(cmd)
+    return _run_forwarding_signals(cmd)
+
+
+def _run_forwarding_signals(cmd: list[str]) -> int:
+    """Run `cmd` and pass SIGTERM/SIGHUP sent to this wrapper on to it, so `kill`, a watchdog's
+    `--stop-pid` or a scheduler stops the whole torchrun world, not only the wrapper (torchrun then
+    stops its ranks, which write status `interrupted`). SIGINT is not forwarded: Ctrl+C in a
+    terminal already reaches torchrun through the foreground process group."""
+    proc = subprocess.Popen(cmd)
+
+    def forward(signum: int, _frame: object) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    forwarded = (signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, forward) for s in forwarded}
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                continue  # torchrun got the same Ctrl+C and is stopping its ranks: wait for it
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,9 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         except CheckFailure as e:
             print(f"grpolab train: {e}", file=sys.stderr)
             return 1
-        except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
+        except (ValueError, FileNotFoundError, FileExistsError) as e:
             print(f"grpolab train: error: {e}", file=sys.stderr)
-            return 2
+            return 2  # bad input: a flag, a file, a run directory
+        except RuntimeError as e:
+            print(f"grpolab train: error: {e}", file=sys.stderr)
+            return 1  # the run failed: the engine, a fault, a non-finite loss, a weight sync
         except KeyboardInterrupt:
             print("grpolab train: interrupted; the run directory's last event says so", file=sys.stderr)
             return 130

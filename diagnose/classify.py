@@ -20,11 +20,14 @@ cleanup_deadlock (a rank in teardown, or a rank with a recorded exception while 
 alive: the exception explains everything downstream, so it beats "a rank exited") >
 rank_exited (a dead rank without an exception: the survivors wait for it, whatever they wait in) >
 threads_same_group > mismatched_collectives > same_collective > python_stall. The verdicts that also
-applied are listed at the end of the evidence ("also fits: ...").
+applied are listed at the end of the evidence ("also fits: ..."). A rank that was not inspected (on
+another host: `RankObservation.remote_host`) counts neither alive nor exited, in no collective and
+agreeing with no one: the verdict rests on the inspected ranks and says so.
 
-The name tables and frame predicates are in frames.py, the per-rank rows in rank_rows.py and the
-wording of each verdict (title, evidence, next steps) in verdict_text.py; this module picks the
-verdict and renders the table.
+The name tables and frame predicates are in frames.py, the per-rank rows in rank_rows.py, the
+wording of each verdict (title, evidence, next steps) in verdict_text.py and verdict_idle.py, and
+what the verdict could not see (ranks on another host, a process in doubt) in verdict_caveats.py;
+this module picks the verdict and renders the table.
 """
 
 from __future__ import annotations
@@ -36,12 +39,12 @@ from typing import Any
 
 from grpolab.diagnose.frames import backend_from_stacks
 from grpolab.diagnose.rank_rows import RankObservation, RankRow, RankView, group_by_collective, view_rank
+from grpolab.diagnose.verdict_caveats import qualify
+from grpolab.diagnose.verdict_idle import describe_not_hung, describe_python_stall
 from grpolab.diagnose.verdict_text import (
     common_evidence,
     describe_cleanup_deadlock,
     describe_mismatched_collectives,
-    describe_not_hung,
-    describe_python_stall,
     describe_rank_exited,
     describe_same_collective,
     describe_threads_same_group,
@@ -101,13 +104,13 @@ _BUILDERS = {  # hung kind → (its title, evidence and next steps; its AReaL pa
 def _applicable_kinds(views: Sequence[RankView]) -> list[str]:
     """Every hung kind whose condition holds, most causal first (the precedence of the module docstring)."""
     kinds = []
-    alive = [v for v in views if v.obs.alive]
+    alive = [v for v in views if v.alive]  # ranks on another host are neither alive nor exited
     in_teardown = any(v.row.state == "teardown" for v in views)
     excepted = {v.obs.rank for v in views if v.obs.exception}
-    other_alive = any(v.obs.alive and v.obs.rank not in excepted for v in views)
+    other_alive = any(v.alive and v.obs.rank not in excepted for v in views)
     if in_teardown or (excepted and other_alive):
         kinds.append("cleanup_deadlock")
-    if any(not v.obs.alive and not v.obs.exception for v in views):
+    if any(v.exited and not v.obs.exception for v in views):
         kinds.append("rank_exited")
     if any(len(v.collective_threads) >= 2 for v in alive):
         kinds.append("threads_same_group")
@@ -169,6 +172,7 @@ def classify(
     builder, pattern = _BUILDERS[kind]
     title, evidence, steps = builder(views, run_backend(observations, backend))
     evidence += common_evidence(views)
+    title, evidence, steps = qualify(views, title, evidence, steps)
     if len(kinds) > 1:
         evidence.append("also fits: " + "; ".join(_kind_label(k) for k in kinds[1:]))
     return Verdict(kind, pattern, title, tuple(evidence), rows, tuple(steps))

@@ -69,8 +69,11 @@ def detail_step(backend: str | None) -> str:
     )
 
 
-def transport_step(backend: str | None) -> str:
+def transport_step(backend: str | None, *, agreeing: str = "every rank") -> str:
     """Where to look when the code agrees on every rank (pattern C): the transport between the ranks.
+
+    `agreeing` names the ranks seen waiting in the same collective ("every rank", or e.g. "ranks 0,
+    2 (the ranks whose stacks were read)" when some rank could not be inspected).
 
     Raises:
         ValueError: `backend` is not "nccl", "gloo" or None.
@@ -78,17 +81,17 @@ def transport_step(backend: str | None) -> str:
     _check_backend(backend)
     if backend == "nccl":
         return (
-            "The code agrees on every rank; check the transport: NCCL_DEBUG=INFO shows the network path "
+            f"The code agrees on {agreeing}; check the transport: NCCL_DEBUG=INFO shows the network path "
             "and errors, and compare the ranks' hosts and interfaces (NCCL_SOCKET_IFNAME)."
         )
     if backend == "gloo":
         return (
-            "The code agrees on every rank; check the transport: gloo talks TCP between the ranks "
+            f"The code agrees on {agreeing}; check the transport: gloo talks TCP between the ranks "
             "(GLOO_SOCKET_IFNAME picks the interface); compare the ranks' hosts and interfaces, and look "
             "for a rank whose host is overloaded."
         )
     return (
-        "The code agrees on every rank; check the transport between the ranks: compare their hosts and "
+        f"The code agrees on {agreeing}; check the transport between the ranks: compare their hosts and "
         "network interfaces, and look for a rank whose host is overloaded."
     )
 

@@ -2,8 +2,8 @@
 
 Usage: `grpolab diagnose hang RUN_DIR`, `--pid P [P ...]` or `--match PATTERN`. This module is the
 command's flags and output; the steps live in their own modules: finding the ranks
-(hang_targets.py, /proc in procfs.py), the sweep (hang_sweep.py), py-spy (pyspy.py, parsed by
-stacks.py), the run directory's activity (run_activity.py), the progress decision
+(hang_targets.py, `--match` in hang_match.py, /proc in procfs.py), the sweep (hang_sweep.py),
+py-spy (pyspy.py, parsed by stacks.py), the run directory's activity (run_activity.py), the progress decision
 (hang_progress.py, pure), the classifier (classify.py, pure), runs that already ended
 (hang_ended.py) and the report and dumps (hang_report.py).
 
@@ -13,9 +13,12 @@ stacks.py), the run directory's activity (run_activity.py), the progress decisio
    and its parents excluded); when some of them have `RANK` in their environment (torchrun sets
    it) only those are ranks, numbered by it, and the rest (launchers) are listed as skipped;
    ranks of more than one job (MASTER_ADDR:MASTER_PORT, TORCHELASTIC_RUN_ID) are refused with
-   each job's pids. A rank whose pid is gone (or a zombie), or whose pid now belongs to a
-   process started after the rank's last heartbeat (a reused pid), is "exited"; a rank on
-   another host cannot be py-spied and is reported as not inspected.
+   each job's pids. Forked workers are skipped, and a rank found only as an orphaned process (a
+   worker of a rank that exited?) is reported as exited or with a caveat (hang_match.py). A rank
+   whose pid is gone (or a zombie), or whose pid now belongs to a process started after the
+   rank's last heartbeat (a reused pid), is "exited"; a rank on
+   another host cannot be py-spied and is reported as not inspected: the headline says how many
+   ranks were inspected, and the verdict counts such a rank neither alive nor in a collective.
 2. Sample twice. `py-spy dump --json` runs on every live local rank at once (one thread per rank,
    each with its own `--timeout`), then again `--interval` seconds later; `--native` is added to
    the last sample only (the comparison ignores native frames, and native unwinding is the
@@ -28,8 +31,10 @@ stacks.py), the run directory's activity (run_activity.py), the progress decisio
    that changed (a heartbeat, a metric line or an event) means progress; otherwise identical
    stacks in both samples confirm the hang (the AReaL guide's step 1 "confirm the hang", done by
    machine); moving stacks confirm it only when the newest heartbeat / metrics / event is at
-   least `--stall-seconds` old. `--interval 0` takes one sample (needs RUN_DIR): one sample shows
-   nothing moving, so heartbeats older than `--stall-seconds` confirm the hang and younger ones
+   least `--stall-seconds` old (at least 1 s; heartbeats are written at phase changes only, so a
+   value below the run's longest phase reads a healthy run as hung: the report then says the
+   hang rests on the heartbeat age). `--interval 0` takes one sample (needs RUN_DIR): one sample
+   shows nothing moving, so heartbeats older than `--stall-seconds` confirm the hang and younger ones
    leave it not confirmed (exit 2). Without RUN_DIR (`--pid`, `--match`) there are no
    heartbeats: the two samples decide. Every process gone: the run ended (with its final status)
    or, for `--pid` / `--match`, the processes ended during the diagnosis: not hung.
@@ -56,15 +61,17 @@ import os
 import sys
 from pathlib import Path
 
+from grpolab.diagnose.hang_match import ranks_from_match
 from grpolab.diagnose.hang_report import format_report, new_dump_dir, write_dumps
 from grpolab.diagnose.hang_sweep import (
     DEFAULT_INTERVAL_S,
     DEFAULT_STALL_SECONDS,
     MAX_INTERVAL_S,
+    MIN_STALL_SECONDS,
     NotConfirmed,
     diagnose_hang,
 )
-from grpolab.diagnose.hang_targets import InspectError, ranks_from_match, ranks_from_pids, read_rank_files
+from grpolab.diagnose.hang_targets import InspectError, ranks_from_pids, read_rank_files
 from grpolab.diagnose.pyspy import DEFAULT_TIMEOUT_S, find_py_spy, py_spy_version
 
 __all__ = ["NotConfirmed", "add_hang_arguments", "diagnose_hang", "run_hang_command"]
@@ -92,8 +99,10 @@ def add_hang_arguments(parser: argparse.ArgumentParser) -> None:
         "--stall-seconds",
         type=float,
         default=DEFAULT_STALL_SECONDS,
-        help="heartbeats/metrics older than this (seconds) confirm a hang even when stacks move "
-        f"(default {DEFAULT_STALL_SECONDS:g})",
+        help="heartbeats/metrics older than this (seconds, at least "
+        f"{MIN_STALL_SECONDS:g}) confirm a hang even when stacks move (default {DEFAULT_STALL_SECONDS:g}). "
+        "Heartbeats are written at phase changes only: a value below the run's longest phase (a long "
+        "rollout or train step) reads a healthy run as hung, with --interval 0 or when its stacks move",
     )
     parser.add_argument(
         "--interval",
@@ -148,7 +157,7 @@ def _validate(args: argparse.Namespace) -> None:
             + (f" (got {' and '.join(given)})" if given else "")
         )
     _check_seconds("--interval", args.interval, low=0.0, high=MAX_INTERVAL_S)
-    _check_seconds("--stall-seconds", args.stall_seconds, low=0.0, high=None)
+    _check_seconds("--stall-seconds", args.stall_seconds, low=MIN_STALL_SECONDS, high=None)
     _check_seconds("--timeout", args.timeout, low=0.0, high=MAX_INTERVAL_S, low_open=True)
     if args.interval == 0 and not args.run_dir:
         raise InspectError(

@@ -17,12 +17,17 @@ moving: hung if the newest heartbeat / metrics / event is at least `--stall-seco
 not_confirmed (exit 2, with what to do: take two samples, or wait until the heartbeats are older
 than `--stall-seconds`). Without a run directory (`--pid`, `--match`) there are no heartbeats: the
 two samples decide. The fourth outcome, ended (every process is gone), is decided by the caller.
+
+A hang's reason covers only the ranks compared: "every rank's stack is identical" is said only when
+every rank was; otherwise it starts with what was not seen ("2 of 3 ranks inspected; rank 1 on host
+h was not", "rank 0 exited during sampling", "no stack could be read for rank 2") and names the
+ranks whose stacks are identical.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +50,12 @@ class ProgressCheck:
     ranks_compared: tuple[int, ...] = ()
     ranks_moved: tuple[int, ...] = ()
     ranks_exited: tuple[int, ...] = ()
+    ranks_not_inspected: tuple[int, ...] = ()
+    """Ranks on another host: not sampled (the reason names their host)."""
+    ranks_gone: tuple[int, ...] = ()
+    """Ranks whose process ended before or during sampling, outside the `ranks_exited` rule."""
+    ranks_not_dumped: tuple[int, ...] = ()
+    """Live local ranks py-spy could not read in every sample."""
     samples: int = 2
     note: str | None = None
     """A caveat (a hang decided by identical stacks while heartbeats are still fresh), or for
@@ -65,7 +76,44 @@ class ProgressCheck:
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks)))
+
+
+def _age_only(stall_text: str, *, one_sample: bool) -> str:
+    """The caveat of a hang decided by the heartbeat age alone."""
+    todo = "take two samples or raise --stall-seconds" if one_sample else "raise --stall-seconds"
+    return (
+        f"decided by the heartbeat age: heartbeats are written at phase changes only, so a healthy "
+        f"phase longer than {stall_text} (a long rollout or train step) reads as a hang too; if the run "
+        f"may be healthy, {todo}"
+    )
+
+
+def _unseen(
+    compared: Sequence[int],
+    not_inspected: Mapping[int, str],
+    gone: Mapping[int, str],
+    not_dumped: Sequence[int],
+    total: int | None,
+) -> str:
+    """What the samples did not cover, e.g. "2 of 3 ranks inspected; rank 1 on host h was not"; ""
+    when every rank was compared."""
+    parts = []
+    if not_inspected:
+        total = total or len(set(compared) | set(not_inspected) | set(gone) | set(not_dumped))
+        parts.append(f"{total - len(not_inspected)} of {total} ranks inspected")
+        by_host: dict[str, list[int]] = {}
+        for rank, host in sorted(not_inspected.items()):
+            by_host.setdefault(host, []).append(rank)
+        for host, ranks in by_host.items():
+            parts.append(f"{_ranks(ranks)} on host {host} {'was' if len(ranks) == 1 else 'were'} not")
+    by_how: dict[str, list[int]] = {}
+    for rank, how in sorted(gone.items()):
+        by_how.setdefault(how, []).append(rank)
+    parts += [f"{_ranks(ranks)} {how}" for how, ranks in by_how.items()]
+    if not_dumped:
+        parts.append(f"no stack could be read for {_ranks(not_dumped)}")
+    return "; ".join(parts)
 
 
 def decide_progress(
@@ -78,6 +126,10 @@ def decide_progress(
     interval_s: float,
     samples: int = 2,
     ranks_exited: Sequence[int] = (),
+    ranks_not_inspected: Mapping[int, str] | None = None,
+    ranks_gone: Mapping[int, str] | None = None,
+    ranks_not_dumped: Sequence[int] = (),
+    ranks_total: int | None = None,
 ) -> ProgressCheck:
     """grpolab's hang confirmation rule (the module docstring); pure. Never returns "ended".
 
@@ -91,7 +143,13 @@ def decide_progress(
         interval_s: seconds between the two samples (`--interval`; 0 with one sample).
         samples: stack samples taken (1 with `--interval 0`).
         ranks_exited: ranks of a run directory that are gone while the run wrote no final status.
+        ranks_not_inspected: rank → host, for the ranks on another host (not sampled).
+        ranks_gone: rank → how it went, completing "rank N …" (e.g. "exited during sampling"), for
+            ranks gone outside the `ranks_exited` rule (`--pid`, `--match`).
+        ranks_not_dumped: live local ranks py-spy could not read in every sample.
+        ranks_total: how many ranks there are (default: those compared plus those listed above).
     """
+    not_inspected, gone = dict(ranks_not_inspected or {}), dict(ranks_gone or {})
     common: dict[str, Any] = dict(
         interval_s=interval_s,
         stall_seconds=stall_seconds,
@@ -100,8 +158,13 @@ def decide_progress(
         ranks_compared=tuple(ranks_compared),
         ranks_moved=tuple(ranks_moved),
         ranks_exited=tuple(ranks_exited),
+        ranks_not_inspected=tuple(sorted(not_inspected)),
+        ranks_gone=tuple(sorted(gone)),
+        ranks_not_dumped=tuple(sorted(ranks_not_dumped)),
         samples=samples,
     )
+    unseen = _unseen(ranks_compared, not_inspected, gone, ranks_not_dumped, ranks_total)
+    scope = f"{unseen}; " if unseen else ""
     age = newest_activity_age_s
     stale = age is not None and age >= stall_seconds
     age_text = "" if age is None else f"the newest heartbeat/metrics/event is {age:.1f} s old"
@@ -109,8 +172,8 @@ def decide_progress(
     if ranks_exited:
         return ProgressCheck(
             "hung",
-            f"{_ranks(sorted(ranks_exited))} exited and the run wrote no final status: the other ranks "
-            "cannot finish a collective without it",
+            f"{scope}{_ranks(sorted(ranks_exited))} exited and the run wrote no final status: the other "
+            "ranks cannot finish a collective without it",
             **common,
         )
     if files_changed:
@@ -124,7 +187,12 @@ def decide_progress(
     if not ranks_compared:
         what = "only one sample was taken" if samples < 2 else "no rank could be sampled twice"
         if stale:
-            return ProgressCheck("hung", f"{what}, and {age_text} (>= {stall_text})", **common)
+            return ProgressCheck(
+                "hung",
+                f"{scope}{what}, and {age_text} (>= {stall_text})",
+                note=_age_only(stall_text, one_sample=samples < 2),
+                **common,
+            )
         todo = (
             "take two samples (--interval > 0, e.g. the default 2)"
             if samples < 2
@@ -148,8 +216,9 @@ def decide_progress(
         if stale:
             return ProgressCheck(
                 "hung",
-                f"the stacks of rank(s) {moved} changed between samples {interval_s:g} s apart, but {age_text} "
-                f"(>= {stall_text}): code runs without reaching the next phase",
+                f"{scope}the stacks of rank(s) {moved} changed between samples {interval_s:g} s apart, but "
+                f"{age_text} (>= {stall_text}): code runs without reaching the next phase",
+                note=_age_only(stall_text, one_sample=False),
                 **common,
             )
         tail = f" and {age_text} (< {stall_text})" if age is not None else ""
@@ -158,7 +227,14 @@ def decide_progress(
             f"the stacks of rank(s) {moved} changed between samples {interval_s:g} s apart{tail}",
             **common,
         )
-    reason = f"every rank's stack is identical in two samples {interval_s:g} s apart"
+    if unseen:
+        same = "the stack of" if len(ranks_compared) == 1 else "the stacks of"
+        verb = "is" if len(ranks_compared) == 1 else "are"
+        reason = (
+            f"{scope}{same} {_ranks(ranks_compared)} {verb} identical in two samples {interval_s:g} s apart"
+        )
+    else:
+        reason = f"every rank's stack is identical in two samples {interval_s:g} s apart"
     note = None
     if age is not None:
         reason += f", and no file of the run changed; {age_text}"

@@ -39,7 +39,8 @@ class HangReport:
     samples: list[dict[int, DumpResult]]
     """One dict per sample: rank → dump, for the ranks that were dumped (alive and on this host)."""
     alive: dict[int, bool]
-    """rank → alive after the last sample (ranks on other hosts: True, their liveness is unknown)."""
+    """rank → alive after the last sample (ranks on other hosts: True here, their liveness is unknown;
+    `to_dict` and the dumps say None for them)."""
     gone: dict[int, str] = field(default_factory=dict)
     """rank → why it is not alive (pid gone, or the pid reused by another process)."""
     notes: list[str] = field(default_factory=list)
@@ -102,7 +103,9 @@ class HangReport:
                     "host": t.host,
                     "role": t.role,
                     "source": t.source,
-                    "alive": self.alive.get(t.rank, False),
+                    "inspected": t.local,
+                    "alive": self.alive.get(t.rank, False) if t.local else None,
+                    "caveat": t.caveat,
                     "heartbeat": t.heartbeat,
                     "error": t.error,
                     "dumped": t.rank not in missing,
@@ -160,7 +163,7 @@ def write_dumps(report: HangReport, out_dir: Path) -> None:
                 "rank": t.rank,
                 "pid": t.pid,
                 "host": t.host,
-                "alive": report.alive.get(t.rank, False),
+                "alive": report.alive.get(t.rank, False) if t.local else None,
                 "samples": [
                     {
                         "time": d.time,

@@ -21,6 +21,12 @@ from grpolab.diagnose.run_activity import RunContext, activity_snapshot, changed
 DEFAULT_STALL_SECONDS = 120.0
 """`--stall-seconds`: the issue's default; a grpolab phase (rollout, train) on the default config takes
 seconds, so two minutes without a heartbeat, metric or event is far outside normal behaviour."""
+MIN_STALL_SECONDS = 1.0
+"""Smallest `--stall-seconds` (grpolab's): a floor against sub-second values (0.001, a typo for
+a minute) that make every heartbeat stale at once. 1 s is still below most grpolab phases: a value
+under the run's longest phase reads a healthy run as hung whenever the heartbeat age decides (one
+sample, or moving stacks), which the report then says (hang_progress.py); such values are for
+tests and runs whose phases are known to be short."""
 DEFAULT_INTERVAL_S = 2.0
 """`--interval`: seconds between the two stack samples (grpolab's: long enough for a running loop to
 change its frames, short enough to keep the verdict under the 5 s goal for 4 ranks)."""
@@ -124,6 +130,7 @@ def diagnose_hang(
     exited = []  # a local rank of a run directory gone without the run's final status: never progress
     if run is not None and run.final_status is None:
         exited = [t.rank for t in targets if t.local and not alive[t.rank]]
+    sampled_once = samples[0] if samples else {}
     progress = decide_progress(
         files_changed=changed_files(before, after),
         ranks_compared=sorted(compared),
@@ -133,6 +140,18 @@ def diagnose_hang(
         interval_s=interval_s if len(samples) == 2 else 0.0,
         samples=len(samples),
         ranks_exited=exited,
+        ranks_not_inspected={t.rank: str(t.host) for t in targets if not t.local},
+        ranks_gone={
+            t.rank: "exited during sampling" if t.rank in sampled_once else "had exited before sampling"
+            for t in targets
+            if t.local and not alive[t.rank] and t.rank not in exited
+        },
+        ranks_not_dumped=[
+            t.rank
+            for t in targets
+            if t.local and alive[t.rank] and t.rank not in compared and len(samples) == 2
+        ],
+        ranks_total=len(targets),
     )
     if progress.outcome == "not_confirmed":
         raise NotConfirmed(progress.reason + (f"; {progress.note}" if progress.note else ""))
@@ -183,6 +202,8 @@ def _observations(
             heartbeat_phase=(t.heartbeat or {}).get("phase"),
             exception=t.error,
             exit_code=None,  # not knowable for processes that are not our children
+            remote_host=None if t.local else str(t.host),
+            caveat=t.caveat,
         )
         for t in targets
     ]

@@ -2,19 +2,16 @@
 
 Three sources: a run directory's `ranks/*.json` (rank, pid, host, role, heartbeat, optional "error"
 written when the rank's training loop raised), `--pid P …` (ranks numbered in the order given), and
-`--match PATTERN` (processes whose `/proc/<pid>/cmdline` matches, this command and its parents
-excluded; ranks from `RANK` in their environment when some have it, the rest listed as skipped
-launchers; matches of more than one job, told apart by MASTER_ADDR:MASTER_PORT and
-TORCHELASTIC_RUN_ID, are refused). `rank_liveness` says whether a rank still runs: its pid is gone
-or a zombie, or the pid now belongs to a process that started after the rank's last heartbeat (or,
-for `--pid`/`--match`, after discovery): the kernel reused it. The /proc readers are in procfs.py.
+`--match PATTERN` (hang_match.py: processes whose `/proc/<pid>/cmdline` matches, ranks from `RANK`
+in their environment, forked workers and orphans told apart). `rank_liveness` says whether a rank
+still runs: its pid is gone or a zombie, or the pid now belongs to a process that started after
+the rank's last heartbeat (or, for `--pid`/`--match`, after discovery): the kernel reused it. The
+/proc readers are in procfs.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import socket
 import time
 from collections.abc import Sequence
@@ -26,7 +23,6 @@ from grpolab.diagnose.procfs import (
     is_alive,
     proc_cmdline,
     proc_env_rank,
-    proc_environ,
     proc_parent,
     proc_start_time,
     proc_state,
@@ -42,7 +38,6 @@ __all__ = [
     "proc_parent",
     "proc_state",
     "rank_liveness",
-    "ranks_from_match",
     "ranks_from_pids",
     "read_rank_files",
     "refresh_heartbeats",
@@ -73,6 +68,9 @@ class RankTarget:
     started: float | None = None
     """The process start time seen at discovery (Unix seconds, procfs.proc_start_time); `--pid` and
     `--match` only: a later different start time means the pid was reused meanwhile."""
+    caveat: str | None = None
+    """A doubt about whether this process is the rank (`--match`: only an orphaned process matched
+    its RANK; hang_match.py); the verdict shows it."""
 
     @property
     def local(self) -> bool:
@@ -230,124 +228,6 @@ def ranks_from_pids(pids: Sequence[int]) -> list[RankTarget]:
             raise InspectError(f"--pid {pid}: no such process (it exited or never existed)")
         targets.append(RankTarget(rank=rank, pid=pid, source="--pid", started=proc_start_time(pid)))
     return targets
-
-
-def _own_lineage() -> set[int]:
-    """This process and its ancestors: their command lines contain the --match pattern itself."""
-    pids, pid = set(), os.getpid()
-    while pid and pid not in pids:
-        pids.add(pid)
-        pid = proc_parent(pid) or 0
-    return pids
-
-
-JOB_ENV_NAMES = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
-"""The environment variables that tell one distributed job from another: every rank of a job has the
-same rendezvous address and port (torch.distributed's env:// init), and torchrun's run id."""
-
-
-def _job_key(env: dict[str, str] | None) -> tuple[str | None, ...]:
-    return tuple((env or {}).get(name) for name in JOB_ENV_NAMES)
-
-
-def _describe_job(key: tuple[str | None, ...]) -> str:
-    addr, port, run_id = key
-    if addr is None and port is None and run_id is None:
-        return "no MASTER_ADDR/MASTER_PORT in the environment"
-    text = f"MASTER_ADDR:MASTER_PORT {addr or '?'}:{port or '?'}"
-    return text + (f", TORCHELASTIC_RUN_ID {run_id}" if run_id is not None else "")
-
-
-def _matching_processes(regex: re.Pattern[str]) -> list[tuple[int, str, dict[str, str] | None]]:
-    """(pid, command line, environment) of every live process whose command line matches, except this
-    command and its parents."""
-    exclude = _own_lineage()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) in exclude:
-            continue
-        pid = int(entry.name)
-        cmd = proc_cmdline(pid)
-        if cmd is None or not regex.search(cmd) or not is_alive(pid):
-            continue
-        found.append((pid, cmd, proc_environ(pid)))
-    return found
-
-
-def _env_rank(env: dict[str, str] | None) -> int | None:
-    try:
-        return int((env or {})["RANK"])
-    except (KeyError, ValueError):
-        return None
-
-
-def ranks_from_match(pattern: str) -> tuple[list[RankTarget], list[str]]:
-    """`--match PATTERN`: processes whose command line matches the regular expression.
-
-    Ranks come from `RANK` in each process's environment when some matches have it (the others are
-    launchers such as torchrun's agent, returned as notes), else from pid order. A match whose
-    parent also matches with the same command line and RANK (a forked data-loader worker) is
-    skipped with a note. The ranks must belong to one job (`JOB_ENV_NAMES`): two jobs' ranks
-    merged into one world would hide a hang in either.
-
-    Raises:
-        InspectError: the pattern is not a valid regular expression, nothing matches, or the
-            matching ranks belong to more than one job (each job's pids are listed).
-    """
-    try:
-        regex = re.compile(pattern)
-    except re.error as e:
-        raise InspectError(f"--match {pattern!r}: not a valid regular expression ({e})") from None
-    found = _matching_processes(regex)
-    if not found:
-        raise InspectError(
-            f"--match {pattern!r}: no running process's command line (/proc/*/cmdline) matches"
-        )
-    notes: list[str] = []
-    matched = {pid: (cmd, _env_rank(env)) for pid, cmd, env in found}
-    workers = {}  # forked children (data-loader workers) inherit the command line and RANK of their rank
-    for pid, (cmd, rank) in matched.items():
-        parent = proc_parent(pid)
-        if parent in matched and rank is not None and matched[parent] == (cmd, rank):
-            workers[pid] = parent
-    for pid, parent in sorted(workers.items()):
-        notes.append(
-            f"pid {pid} matches but is a forked child of matching pid {parent} (same command line and "
-            "RANK: a worker?): skipped"
-        )
-    found = [f for f in found if f[0] not in workers]
-    with_rank = [
-        (pid, _env_rank(env), _job_key(env)) for pid, _cmd, env in found if _env_rank(env) is not None
-    ]
-    if not with_rank:
-        ordered = sorted(pid for pid, _cmd, _env in found)
-        return [
-            RankTarget(rank=i, pid=pid, source="--match", started=proc_start_time(pid))
-            for i, pid in enumerate(ordered)
-        ], notes
-    jobs: dict[tuple[str | None, ...], list[tuple[int, int]]] = {}
-    for pid, rank, key in with_rank:
-        jobs.setdefault(key, []).append((int(rank), pid))
-    if len(jobs) > 1:
-        listed = "; ".join(
-            f"job {i} ({_describe_job(key)}): "
-            + ", ".join(f"pid {pid} (RANK {rank})" for rank, pid in sorted(members))
-            for i, (key, members) in enumerate(sorted(jobs.items(), key=lambda kv: min(kv[1])), 1)
-        )
-        raise InspectError(
-            f"--match {pattern!r} matches the ranks of {len(jobs)} jobs: {listed}. Narrow it to one job: "
-            "a pattern only that job's command line matches (e.g. its --run-dir), or --pid with its pids"
-        )
-    for pid, _cmd, env in found:
-        if _env_rank(env) is None:
-            notes.append(f"pid {pid} matches but has no RANK in its environment (a launcher?): skipped")
-    ranks = sorted((rank, pid) for pid, rank, _key in with_rank)
-    if len({rank for rank, _pid in ranks}) != len(ranks):
-        notes.append("several matching processes share one RANK: numbered by pid order")
-        ranks = list(enumerate(sorted(pid for _rank, pid in ranks)))
-    return [
-        RankTarget(rank=rank, pid=pid, source="--match", started=proc_start_time(pid)) for rank, pid in ranks
-    ], notes
 
 
 def refresh_heartbeats(targets: list[RankTarget], run_dir: Path | None) -> list[RankTarget]:

@@ -1,15 +1,18 @@
 """Scan run logs for known failure signatures: each finding gives its rule, evidence lines, cause and fix.
 
-`grpolab diagnose log FILE [FILE…]` reads grpolab console.log files (a grpolab run directory stands for
-its console.log), Miles/slime logs (with or without Ray's `(Actor pid=N)` prefixes) and torchrun logs
-(`[rank1]:`, `[default0]:`), as text: a compressed, UTF-16 or binary file is not scanned, and the
-message says how to make a text log of it. The rules live in rules_*.py (model and registry:
-logrules.py); logscan.py streams each file through them; this module prints the report and is the
-command.
+`grpolab diagnose log FILE [FILE…]` reads grpolab console.log files, Miles/slime logs (with or without
+Ray's `(Actor pid=N)` prefixes) and torchrun logs (`[rank1]:`, `[default0]:`), as text: a compressed,
+UTF-16 or binary file is not scanned, and the message says how to make a text log of it. A grpolab run
+directory stands for its console.log and what the directory recorded (run_outcome.py): console.log
+holds rank 0's output only, so every rank's recorded error (ranks/<rank>.json "error") is reported
+too, root cause first, and the final status is read from events.jsonl. The rules live in rules_*.py
+(model and registry: logrules.py); logscan.py streams each file through them; this module prints the
+report and is the command.
 
 Exit codes: 0 no error-severity finding, 1 at least one, 2 a file could not be read (missing, no
 permission, a directory that is not a run directory, not a text log; named on stderr, the other files
-are still scanned) or a bad option.
+are still scanned) or a bad option. A file that cannot be read is named once, on stderr; the report's
+summary line counts it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from grpolab.diagnose.logrules import (
     count_by_severity,
 )
 from grpolab.diagnose.logscan import DEFAULT_CHUNK_BYTES, FileScan, scan_file
+from grpolab.diagnose.run_outcome import read_run_outcome
 from grpolab.diagnose.wording import plural
 
 EXIT_OK, EXIT_ERRORS, EXIT_UNREADABLE = 0, 1, 2
@@ -64,7 +68,7 @@ def summary_line(scans: Sequence[FileScan]) -> str:
         f"{counts['warning']} warning{'s' if counts['warning'] != 1 else ''}, {counts['info']} info"
     )
     if unreadable:
-        text += f"; {unreadable} file{'s' if unreadable != 1 else ''} could not be read"
+        text += f"; {plural(unreadable, 'file')} could not be read (named on stderr)"
     return text
 
 
@@ -90,11 +94,14 @@ def render_finding(finding: Finding) -> str:
 
 
 def render_text(scans: Sequence[FileScan]) -> str:
-    """The whole report: per file its findings (or that none were found), then the summary line."""
+    """The whole report: per file read its findings (or that none were found), then the summary line.
+
+    A file that could not be read is only counted in the summary line: the command names it, with the
+    reason, on stderr.
+    """
     blocks = []
     for scan in scans:
         if scan.error is not None:
-            blocks.append(f"{scan.file}: cannot read: {scan.error}")
             continue
         counts = count_by_severity(scan.findings)
         lines = "" if scan.lines is None else f", {plural(scan.lines, 'line')}"
@@ -148,7 +155,8 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
         "files",
         nargs="+",
         metavar="FILE",
-        help="text log files (console.log, Miles/slime, torchrun), or grpolab run directories (their console.log)",
+        help="text log files (console.log, Miles/slime, torchrun), or grpolab run directories (their "
+        "console.log, and every rank's recorded error from ranks/*.json, root cause first)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of the text report"
@@ -236,8 +244,13 @@ def run_log_command(args: argparse.Namespace) -> int:
     for file in args.files:
         try:
             path = log_path(file)
-            name = file if path == Path(file) else str(path)
-            scans.append(scan_file(path, name=name, options=options, chunk_bytes=args.chunk_bytes))
+            run = None
+            if path != Path(file):  # a run directory
+                run = read_run_outcome(file)
+                for problem in run.problems:
+                    print(f"grpolab diagnose log: {problem}", file=sys.stderr)
+            name = file if run is None else str(path)
+            scans.append(scan_file(path, name=name, options=options, chunk_bytes=args.chunk_bytes, run=run))
         except OSError as e:
             reason = e.strerror or str(e)
             print(f"grpolab diagnose log: cannot read {file}: {reason}", file=sys.stderr)

@@ -72,6 +72,7 @@ METRIC_NEEDLE = b": {'"
 """What every metric line holds: `<kind> <N>: {'<name>': <value>, …}` (Miles, grpolab)."""
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_LAUNCHER_RANK = re.compile(r"^\[(?:rank|default)(\d+)\]:")
 _ROLLOUT_INDEX = re.compile(r"(?:^|[\s\]\)])rollout (\d+): \{")
 
 
@@ -122,6 +123,12 @@ def trim_line(text: str, focus: str | None = None, width: int = EVIDENCE_WIDTH) 
     room = width - len(head) - 4
     piece = text[at : at + room]
     return f"{head} … {piece}" + ("…" if at + room < len(text) else "")
+
+
+def launcher_rank(text: str) -> int | None:
+    """The rank of a torchrun line prefix (`[rank1]:` with --tee, `[default1]:` with --log-dir), or None."""
+    m = _LAUNCHER_RANK.match(text)
+    return int(m[1]) if m else None
 
 
 def is_rollout_line(text: str) -> bool:
@@ -227,7 +234,8 @@ class Rule:
 
     A subclass sets the class attributes, implements `findings` and, when it has needles, `observe`;
     it keeps what it saw in its instance. `LogRules` makes one instance per log and passes itself as
-    `log` (the file name, the options, context, the run's progress, the other rules).
+    `log` (the file name, the options, context, the run's progress, the other rules, and `log.run`:
+    what the run directory recorded, for a run directory's console.log).
     """
 
     id: ClassVar[str]
@@ -354,6 +362,7 @@ __all__ = [
     "count_by_severity",
     "is_rollout_line",
     "keep_line",
+    "launcher_rank",
     "register",
     "trim_line",
 ]

@@ -30,6 +30,8 @@ from grpolab.diagnose.ruleset import LogRules
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from grpolab.diagnose.run_outcome import RunOutcome
+
 DEFAULT_CHUNK_BYTES = 4 << 20
 """Read size (grpolab's: 4 MiB keeps a chunk in a CPU's last-level cache for the several passes over it,
 and the doctor's memory small; the measured throughput is flat from 1 to 16 MiB)."""
@@ -265,6 +267,7 @@ def scan_file(
     name: str | None = None,
     options: RuleOptions | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    run: RunOutcome | None = None,
 ) -> FileScan:
     """Stream one log file through the rules.
 
@@ -273,6 +276,9 @@ def scan_file(
         name: the file's name in the evidence (default: `path` as given).
         options: rule limits (defaults: `RuleOptions()`).
         chunk_bytes: read size in bytes (≥ 1); a line longer than it grows the buffer to hold it.
+        run: what the log's run directory recorded (`run_outcome.read_run_outcome`), when `path` is a
+            run directory's console.log: the rules then report every rank's recorded error, root cause
+            first, and read the final status. None for a plain log file.
 
     Returns:
         The findings and the bytes, lines and seconds of the scan.
@@ -285,7 +291,7 @@ def scan_file(
     """
     if chunk_bytes < 1:
         raise ValueError(f"--chunk-bytes must be >= 1, got {chunk_bytes}")
-    rules = LogRules(name if name is not None else str(path), options)
+    rules = LogRules(name if name is not None else str(path), options, run)
     started = time.perf_counter()
     size = 0
     buf = bytearray(chunk_bytes)

@@ -1,5 +1,6 @@
 """What Linux's /proc says about a process, for `grpolab diagnose hang`: command line, environment,
-state, parent, start time, liveness, and whether a recorded pid now belongs to another process.
+state, parent, process group, start time, liveness, and whether a recorded pid now belongs to
+another process.
 
 Every reader returns None (or False) when the process is gone or the file cannot be read; none
 raises. Without /proc (not Linux) `is_alive` falls back to `os.kill(pid, 0)`.
@@ -67,6 +68,17 @@ def proc_parent(pid: int) -> int | None:
     """The parent pid of `pid` (/proc/<pid>/stat), or None when the process is gone."""
     fields = _stat_fields(pid)
     return int(fields[1]) if fields and len(fields) > 1 else None
+
+
+def proc_group_and_session(pid: int) -> tuple[int, int] | None:
+    """(process group id, session id) of `pid` (/proc/<pid>/stat fields 5 and 6), or None when gone.
+
+    A process started in its own session (`setsid`; torchrun starts every worker so) leads both:
+    both ids are its own pid. A forked child keeps its parent's group and session, so its ids name
+    the process it was forked from when that one led them.
+    """
+    fields = _stat_fields(pid)
+    return (int(fields[2]), int(fields[3])) if fields and len(fields) > 3 else None
 
 
 def _boot_time() -> float | None:

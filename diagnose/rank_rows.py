@@ -1,6 +1,7 @@
 """Where each rank is: one rank's observation becomes its row of the verdict table. Pure: no I/O.
 
-`view_rank` reads a rank's latest py-spy sample: an exited rank, a rank without a stack, a rank
+`view_rank` reads a rank's latest py-spy sample: a rank on another host (not inspected: neither
+alive nor exited as far as the verdict knows), an exited rank, a rank without a stack, a rank
 whose thread is inside a collective (in teardown or not), else the busy thread's Python frames.
 The row (`RankRow`) is what the table and verdict.json show; the `RankView` around it keeps the
 collective and thread it was drawn from for the verdict's wording. `group_by_collective` groups
@@ -23,7 +24,13 @@ from grpolab.diagnose.frames import (
 )
 from grpolab.diagnose.stacks import ProcessStack, ThreadStack, format_frame
 
-ROW_STATES = ("collective", "teardown", "python", "idle", "exited", "no stack")
+ROW_STATES = ("collective", "teardown", "python", "idle", "exited", "no stack", "not inspected")
+
+
+def thread_label(thread: ThreadStack) -> str:
+    """How the verdict names a thread: its name, else py-spy's thread id (py-spy gives no name for
+    some threads)."""
+    return thread.name or str(thread.thread_id)
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,10 @@ class RankObservation:
     `stacks` holds 0..2 py-spy samples, earliest first (none when the process is gone or py-spy
     failed). `heartbeat_age_s` is now minus the time of the rank file's heartbeat, in seconds.
     `exception` is the last exception text found for the rank (its rank file's "error" or log).
+    `remote_host` is set for a rank on another host: it was not inspected, so `alive` and `stacks`
+    say nothing about it and the verdict counts it neither alive nor exited. `caveat` is a doubt
+    about the process found for the rank (e.g. only an orphaned process matched `--match`), shown
+    in the evidence and the title.
     """
 
     rank: int
@@ -43,6 +54,8 @@ class RankObservation:
     heartbeat_phase: str | None = None
     exception: str | None = None
     exit_code: int | None = None
+    remote_host: str | None = None
+    caveat: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,8 +66,9 @@ class RankRow:
     "all_reduce (torch/distributed/distributed_c10d.py:3252) ← train_step (train.py:41)", or
     "exited". `collective` is the torch.distributed call the rank is in (the entry point its own
     code called), `call_site` the first frame outside torch above it. `thread` names the thread
-    the row describes; `unchanged` is True/False when two samples were compared, else None;
-    `native_wait` a c10d native frame seen with `--native`; `exit_code` that of an exited rank.
+    the row describes (`thread_label`: its name, else its thread id); `unchanged` is True/False
+    when two samples were compared, else None; `native_wait` a c10d native frame seen with
+    `--native`; `exit_code` that of an exited rank.
     """
 
     rank: int
@@ -82,6 +96,21 @@ class RankView:
     collective_threads: tuple[tuple[ThreadStack, Collective], ...]
 
     @property
+    def inspected(self) -> bool:
+        """False for a rank on another host: nothing is known of its process."""
+        return self.obs.remote_host is None
+
+    @property
+    def alive(self) -> bool:
+        """The rank was inspected and its process runs."""
+        return self.inspected and self.obs.alive
+
+    @property
+    def exited(self) -> bool:
+        """The rank was inspected and its process is gone."""
+        return self.inspected and not self.obs.alive
+
+    @property
     def key(self) -> tuple[str, str] | None:
         """(collective, call site) while the rank waits in a collective outside teardown, else None."""
         if self.row.state != "collective" or self.row.collective is None:
@@ -92,6 +121,10 @@ class RankView:
 def view_rank(obs: RankObservation) -> RankView:
     """Where the rank is, from its latest sample; `unchanged` compares its first and latest samples."""
     common = {"rank": obs.rank, "pid": obs.pid, "heartbeat_age_s": obs.heartbeat_age_s}
+    if obs.remote_host is not None:
+        where = f"on host {obs.remote_host}"
+        row = RankRow(state="not inspected", where=where, collective=None, call_site=None, **common)
+        return RankView(obs, row, None, None, ())
     if not obs.alive:
         row = RankRow(
             state="exited", where="exited", collective=None, call_site=None, exit_code=obs.exit_code, **common
@@ -112,7 +145,7 @@ def view_rank(obs: RankObservation) -> RankView:
             where=where_collective(collective),
             collective=collective.name,
             call_site=format_frame(collective.call_site) if collective.call_site else None,
-            thread=thread.name,
+            thread=thread_label(thread),
             unchanged=unchanged,
             native_wait=native_wait(thread),
             **common,
@@ -134,7 +167,7 @@ def view_rank(obs: RankObservation) -> RankView:
         where=where_python(thread),
         collective=None,
         call_site=None,
-        thread=thread.name,
+        thread=thread_label(thread),
         unchanged=unchanged,
         native_wait=native_wait(thread),
         **common,

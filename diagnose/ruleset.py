@@ -6,14 +6,15 @@ around `wants_context()`, `on_launch_line` for each of `launch_flags()`, and las
 scanner knows no rule: needles, dispatch, context and launch flags all come from the registry.
 
 Besides the rules, a `LogRules` tracks the run's progress (its first and last `rollout N` metric line)
-and the context mentions, which several rules read.
+and the context mentions, which several rules read, and holds what the log's run directory recorded
+(`run`: every rank's error and the final status; run_outcome.py) when a run directory was given.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from grpolab.diagnose import (
     rules_dead_engine,
@@ -41,6 +42,9 @@ from grpolab.diagnose.logrules import (
 )
 from grpolab.diagnose.rules_dead_engine import EngineErrors
 
+if TYPE_CHECKING:
+    from grpolab.diagnose.run_outcome import RunOutcome
+
 RULE_FAMILIES = (
     rules_engine,
     rules_grpolab,
@@ -61,14 +65,18 @@ class LogRules:
     Args:
         file: the log's name as given on the command line (it goes into every evidence line).
         options: rule limits (defaults: `RuleOptions()`).
+        run: what the log's run directory recorded (rank errors, final status), when the log is a run
+            directory's console.log; None for a plain log file.
 
     Raises:
         ValueError: more than one registered rule has a `counted_needle` (the scanner counts one).
     """
 
-    def __init__(self, file: str, options: RuleOptions | None = None) -> None:
+    def __init__(self, file: str, options: RuleOptions | None = None, run: RunOutcome | None = None) -> None:
         self.file = file
         self.options = options or RuleOptions()
+        self.run = run
+        """The run directory's record of how the run ended, or None for a plain log file."""
         self.first_rollout: int | None = None
         """Line number of the first `rollout N: {…'rollout/raw_reward'…}` line, or None."""
         self.last_rollout: int | None = None
@@ -196,11 +204,19 @@ class LogRules:
 
     # -------------------------------------------------------------- findings
     def finish(self) -> list[Finding]:
-        """All findings, ordered by their first evidence line (then severity, then rule id)."""
+        """All findings: first those resting on the run directory's records (the rank errors, root cause
+        first, in the order their rule gives), then the log's, ordered by their first evidence line (then
+        severity, then rule id)."""
         found: list[Finding] = []
         for rule in self._rules:
             found += rule.findings(tuple(found))
-        found.sort(key=lambda f: (f.first_line, SEVERITIES.index(f.severity), f.rule))
+
+        def order(f: Finding) -> tuple[int, int, int, str]:
+            if f.evidence and f.evidence[0].file != self.file:
+                return (0, 0, 0, "")  # the sort is stable: their rule's order is kept
+            return (1, f.first_line, SEVERITIES.index(f.severity), f.rule)
+
+        found.sort(key=order)
         return found
 
 

@@ -1,5 +1,7 @@
 """The words of a hang verdict: for each kind its title, evidence lines and next steps. Pure.
 
+The verdicts where no rank waits in a collective (python_stall, not_hung) are in verdict_idle.py.
+
 Each `describe_<kind>` takes every rank's view (rank_rows.RankView, in rank order) and returns
 (title, evidence, next steps); classify.py picks the kind. The advice follows the AReaL debugging
 guide's section on training hangs and deadlocks (see classify.py); its step 4, the environment
@@ -49,12 +51,15 @@ def _wait(ranks: Sequence[int]) -> str:
     return f"{_ranks(ranks)} {'waits' if len(ranks) == 1 else 'wait'}"
 
 
-def _slowest(views: Sequence[RankView]) -> RankView | None:
-    aged = [v for v in views if v.obs.alive and v.obs.heartbeat_age_s is not None]
+def slowest_view(views: Sequence[RankView]) -> RankView | None:
+    """The rank with the oldest heartbeat among those not known to have exited (a rank on another
+    host counts: its rank file's heartbeat is known even though its process was not inspected)."""
+    aged = [v for v in views if not v.exited and v.obs.heartbeat_age_s is not None]
     return max(aged, key=lambda v: v.obs.heartbeat_age_s) if aged else None
 
 
-def _slowest_line(view: RankView) -> str:
+def slowest_line(view: RankView) -> str:
+    """`slowest heartbeat: rank 1, 12.3 s old, phase train`."""
     phase = f", phase {view.obs.heartbeat_phase}" if view.obs.heartbeat_phase else ""
     return f"slowest heartbeat: rank {view.obs.rank}, {format_age(view.obs.heartbeat_age_s)} old{phase}"
 
@@ -99,6 +104,13 @@ def _root_cause_first(views: Sequence[RankView]) -> list[RankView]:
     )
 
 
+def state_line(view: RankView) -> str:
+    """`rank 0: collective, all_reduce (…)`, or `rank 1: exited` when the place adds nothing."""
+    row = view.row
+    where = "" if row.where in (row.state, "") else f", {row.where}"
+    return f"rank {view.obs.rank}: {row.state}{where}"
+
+
 def describe_cleanup_deadlock(
     views: Sequence[RankView], backend: str | None = None
 ) -> tuple[str, list[str], list[str]]:
@@ -122,7 +134,10 @@ def describe_cleanup_deadlock(
         if view.row.state == "teardown" and view.collective is not None:
             teardown_ranks.append(view.obs.rank)
             evidence.append(f"rank {view.obs.rank} is stuck in teardown: {teardown_chain(view.collective)}")
-        elif not view.obs.alive:
+        elif not view.inspected:
+            where = view.row.where
+            evidence.append(f"rank {view.obs.rank} recorded that exception; it runs {where}, not inspected")
+        elif view.exited:
             code = "" if view.obs.exit_code is None else f" with exit code {view.obs.exit_code}"
             evidence.append(f"rank {view.obs.rank} exited{code} after that exception")
         elif view.row.state == "collective":
@@ -135,19 +150,20 @@ def describe_cleanup_deadlock(
     for views_in_group in group_by_collective(others).values():
         evidence.append(f"{_group_line(views_in_group)} for {_ranks(sorted(failing_ranks))}")
     for view in others:
-        if view.key is None:
-            evidence.append(_state_line(view))
+        if view.key is None and view.inspected:  # ranks not inspected: classify.py's caveats
+            evidence.append(state_line(view))
 
     culprit = _ranks(sorted(failing_ranks))
     exception_kind = ""
     if with_exception:
         exception_kind = f" ({_first_line(with_exception[0].obs.exception or '').split(':', 1)[0]})"
     waiting = [v for v in others if v.key is not None]
+    known = [v for v in others if v.inspected]
     if teardown_ranks:
         what = f"{culprit} failed{exception_kind} and {'is' if len(failing_ranks) == 1 else 'are'} stuck in teardown"
         if not with_exception:
             what = f"{culprit} {'is' if len(failing_ranks) == 1 else 'are'} stuck in teardown"
-    elif all(not v.obs.alive for v in failing):
+    elif all(v.exited for v in failing):
         what = f"{culprit} exited after an exception{exception_kind}"
     else:
         what = f"{culprit} failed{exception_kind}"
@@ -156,8 +172,10 @@ def describe_cleanup_deadlock(
         title = f"Cleanup deadlock (pattern A): {what}; {_wait([v.obs.rank for v in waiting])} in {', '.join(collectives)}"
     elif not others:
         title = f"Cleanup deadlock (pattern A): {what}; no rank is left in the training loop"
-    else:
-        title = f"Cleanup deadlock (pattern A): {what}; {_wait([v.obs.rank for v in others])} for it"
+    elif known:
+        title = f"Cleanup deadlock (pattern A): {what}; {_wait([v.obs.rank for v in known])} for it"
+    else:  # the other ranks are on hosts not inspected: classify.py's caveats name them
+        title = f"Cleanup deadlock (pattern A): {what}"
 
     steps = []
     if with_exception:
@@ -181,8 +199,8 @@ def describe_rank_exited(
     views: Sequence[RankView], backend: str | None = None
 ) -> tuple[str, list[str], list[str]]:
     """A rank is gone without a recorded exception; the survivors wait for it."""
-    dead = [v for v in views if not v.obs.alive]
-    alive = [v for v in views if v.obs.alive]
+    dead = [v for v in views if v.exited]
+    alive = [v for v in views if v.alive]
     evidence = []
     for view in dead:
         code = "unknown exit code" if view.obs.exit_code is None else f"exit code {view.obs.exit_code}"
@@ -192,10 +210,12 @@ def describe_rank_exited(
         evidence.append(_group_line(group) + " for it")
     for view in alive:
         if view.key is None:
-            evidence.append(_state_line(view))
+            evidence.append(state_line(view))
     dead_ranks = _ranks([v.obs.rank for v in dead])
-    if not alive:
+    if not alive and all(v.inspected for v in views):
         title = f"No rank process is alive ({dead_ranks} exited): the run ended rather than hung"
+    elif not alive:  # the others are on hosts not inspected: classify.py's caveats name them
+        title = f"{dead_ranks.capitalize()} exited"
     else:
         waiting = [v for v in alive if v.key is not None]
         if waiting:
@@ -306,12 +326,12 @@ def describe_same_collective(
     """Pattern C: the ranks wait in one collective; names a straggler outside it or the oldest heartbeat."""
     group = next(iter(group_by_collective(views).values()))
     row = group[0].row
-    stragglers = [v for v in views if v.obs.alive and v.key is None and v.row.state in ("python", "idle")]
+    stragglers = [v for v in views if v.alive and v.key is None and v.row.state in ("python", "idle")]
     evidence = [_group_line(group)]
     evidence += [_not_in_collective_line(v) for v in stragglers]
-    slowest = _slowest(views)
+    slowest = slowest_view(views)
     if slowest is not None and (not stragglers or slowest in stragglers):
-        evidence.append(_slowest_line(slowest))
+        evidence.append(slowest_line(slowest))
     in_it = _ranks([v.obs.rank for v in group])
     if stragglers:
         names = _ranks([v.obs.rank for v in stragglers])
@@ -330,66 +350,22 @@ def describe_same_collective(
             *env_steps(backend, "timeout", "detail"),
         ]
     else:
+        everyone = len(group) == len(views)  # "every rank" only when every rank's stack was read
+        who = f"every rank ({in_it}) waits" if everyone else _wait([v.obs.rank for v in group])
         title = (
-            f"Same collective (pattern C): every rank ({in_it}) waits in {row.collective} ← {row.call_site}: "
+            f"Same collective (pattern C): {who} in {row.collective} ← {row.call_site}: "
             "a network problem, a timeout or a slow peer"
         )
+        unread = [v.obs.rank for v in views if v.row.state == "no stack"]
+        if unread:
+            title += f"; no stack for {_ranks(unread)}"
         if slowest is not None:
             title += f"; slowest heartbeat rank {slowest.obs.rank}"
-        steps = [transport_step(backend), *env_steps(backend, "timeout", "cuda_blocking", "torch_debug")]
+        agreeing = "every rank" if everyone else f"{in_it} (the ranks whose stacks were read)"
+        steps = [
+            transport_step(backend, agreeing=agreeing),
+            *env_steps(backend, "timeout", "cuda_blocking", "torch_debug"),
+        ]
         if slowest is not None:
             steps.insert(1, f"Start with rank {slowest.obs.rank}: its heartbeat is the oldest.")
-    return title, evidence, steps
-
-
-def describe_python_stall(
-    views: Sequence[RankView], backend: str | None = None
-) -> tuple[str, list[str], list[str]]:
-    """No rank is in a collective: names the busiest thread (active, holding the GIL first)."""
-    alive = [v for v in views if v.obs.alive and v.thread is not None]
-    evidence = [
-        f"rank {v.obs.rank} thread {v.row.thread} ({thread_status(v.thread)}): {v.row.where}" for v in alive
-    ]
-    busy = [v for v in alive if v.thread is not None and v.thread.active]
-    busy.sort(key=lambda v: (not v.thread.owns_gil, v.obs.rank))
-    if busy:
-        top = busy[0]
-        title = (
-            f"Python-side stall, no rank in a collective: rank {top.obs.rank} thread {top.row.thread} "
-            f"is busy in {top.row.where}"
-        )
-        steps = [
-            f"Dump rank {top.obs.rank} again (or `py-spy record --pid {top.obs.pid or 'PID'}`) to see whether "
-            f"{top.row.where.split(' ← ')[0]} loops; the other ranks wait for its result outside torch.distributed.",
-        ]
-    else:
-        title = "Python-side stall, no rank in a collective: every rank is idle outside torch.distributed"
-        steps = [
-            "Every thread waits outside torch.distributed (sleep, a lock, a queue, I/O): look for what "
-            "each rank polls for in the frames above.",
-        ]
-    slowest = _slowest(views)
-    if slowest is not None:
-        evidence.append(_slowest_line(slowest))
-    steps += [
-        "Not a communication hang: NCCL/gloo settings will not help; on GPU, CUDA_LAUNCH_BLOCKING=1 "
-        "shows whether a CUDA call is what blocks.",
-    ]
-    return title, evidence, steps
-
-
-def _state_line(view: RankView) -> str:
-    """`rank 0: collective, all_reduce (…)`, or `rank 1: exited` when the place adds nothing."""
-    row = view.row
-    where = "" if row.where in (row.state, "") else f", {row.where}"
-    return f"rank {view.obs.rank}: {row.state}{where}"
-
-
-def describe_not_hung(
-    views: Sequence[RankView], backend: str | None = None
-) -> tuple[str, list[str], list[str]]:
-    """Progress was observed: where each rank is, and a hint for a run that is only slow."""
-    title = "Not hung: progress was observed (heartbeats, metrics or stacks advanced)"
-    evidence = [_state_line(v) for v in views]
-    steps = ["If it is only slow, look at the step times; re-check later with a longer stall window."]
     return title, evidence, steps

@@ -37,6 +37,7 @@ import pandas as pd
 from grpolab.core.foreign_logs import ParsedLog, parse_file
 from grpolab.diagnose.gpu import GPU_FILE
 from grpolab.diagnose.logscan import FileScan, scan_file
+from grpolab.diagnose.run_outcome import read_run_outcome
 from grpolab.replay.recording import RolloutRecording, load_rollout
 from grpolab.ui import discovery, logprob_gap, readers
 
@@ -115,9 +116,11 @@ def _read_text(path: Path) -> str:
 
 
 def _scan_log(path: Path) -> FileScan:
-    """The log doctor's scan of one file; an unreadable file gives a FileScan with `error` set."""
+    """The log doctor's scan of one file; an unreadable file gives a FileScan with `error` set. A run
+    directory's console.log is scanned with the run's rank errors, as `grpolab diagnose log RUN_DIR`."""
+    run = read_run_outcome(path.parent) if (path.parent / "ranks").is_dir() else None
     try:
-        return scan_file(path, name=path.name)
+        return scan_file(path, name=path.name, run=run)
     except OSError as e:
         return FileScan(file=path.name, error=e.strerror or str(e))
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +160,34 @@ def test_crash_before_allreduce_on_one_rank_ends_the_world(recorded: Path) -> No
     assert (
         last["event"] == "status" and last["status"] in ("failed", "interrupted") and last["rollout_id"] == 1
     )
+
+
+def test_sigterm_to_the_wrapper_stops_every_rank(tmp_path: Path) -> None:
+    """`kill -TERM` on `grpolab train --nproc-per-node 2` (what a watchdog's --stop-pid sends) must
+    reach torchrun and both ranks, not only the wrapper process."""
+    run = tmp_path / "long"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = ["train", "--nproc-per-node", "2", *SMALL, "--num-rollout", "500", "--run-dir", str(run)]
+    proc = subprocess.Popen([sys.executable, "-m", "grpolab", *argv], env=env, start_new_session=True)
+    rank_pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while len(rank_pids) < 2:
+            assert proc.poll() is None, "the run ended before it started training"
+            assert time.monotonic() < deadline, "the ranks never wrote their heartbeats"
+            files = [run / "ranks" / f"{r}.json" for r in (0, 1)]
+            if all(f.exists() for f in files):
+                rank_pids = [json.loads(f.read_text())["pid"] for f in files]
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        deadline = time.monotonic() + 60
+        while any(Path(f"/proc/{pid}").exists() for pid in rank_pids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(Path(f"/proc/{pid}").exists() for pid in rank_pids), "a rank survived SIGTERM"
+        status = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()][-1]
+        assert status["event"] == "status" and status["status"] == "interrupted", status
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

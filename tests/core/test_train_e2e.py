@@ -145,7 +145,10 @@ def test_custom_rm_that_does_not_import(tmp_path: Path, capsys) -> None:
 def test_reward_function_that_raises_names_the_sample(tmp_path: Path, capsys, monkeypatch) -> None:
     (tmp_path / "badrm.py").write_text("def fn(sample):\n    raise ZeroDivisionError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    err = fails(tmp_path, capsys, "--custom-rm-path", "badrm.fn")
+    argv = ["--num-rollout", "1", "--run-dir", str(tmp_path / "bad"), "--custom-rm-path", "badrm.fn"]
+    code = main(["train", *SMALL, *argv])
+    err = capsys.readouterr().err
+    assert code == 1  # the run failed in the user's code: not a bad flag
     assert "sample 0" in err and "boom" in err or "ZeroDivisionError" in err
     events = [json.loads(line) for line in (tmp_path / "bad" / "events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "status" and events[-1]["status"] == "failed"

@@ -37,6 +37,11 @@ echo "$n" > "$d/$pid.count"
 if [ -f "$d/$pid.$n.json" ]; then cat "$d/$pid.$n.json"; else cat "$d/$pid.json"; fi
 """
 
+STALE_S = 1.5
+"""A heartbeat age (seconds) past `--stall-seconds 1`, the smallest allowed, that a sleeper started a
+moment ago can still have: rank_liveness reads a heartbeat more than procfs.PID_REUSE_MARGIN_S (2 s)
+older than its process as a reused pid."""
+
 ALL_REDUCE = [
     ("all_reduce", "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 3252),
     ("wrapper", "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", 83),
@@ -118,9 +123,9 @@ class FakeWorld:
         host: str | None = None,
         device: str | None = None,
     ) -> Path:
-        """A run directory whose rank r is pids[r], heartbeat `age_s` seconds ago. A heartbeat older than
-        its process reads as a reused pid, so a sleeper's heartbeat cannot be backdated: stale
-        heartbeats are made with a small --stall-seconds instead."""
+        """A run directory whose rank r is pids[r], heartbeat `age_s` seconds ago. A heartbeat more than
+        2 s older than its process reads as a reused pid, so a fresh sleeper's heartbeat is backdated
+        by at most `STALE_S`, with --stall-seconds 1."""
         run = self.tmp / name
         (run / "ranks").mkdir(parents=True)
         meta = {"name": name, "world_size": len(pids), **({"config": {"device": device}} if device else {})}

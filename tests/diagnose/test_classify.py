@@ -445,3 +445,78 @@ def test_no_stack_rows_and_all_dead():
 def test_bad_input_raises(observed, message):
     with pytest.raises(ValueError, match=message):
         classify(observed)
+
+
+# ------------------------------------------------------------------------ ranks that were not inspected
+def remote(r: int, host: str = "otherhost", **kwargs) -> RankObservation:
+    """A rank on another host: its rank file says alive, but nothing of its process was seen."""
+    return RankObservation(rank=r, pid=999990 + r, alive=True, stacks=(), remote_host=host, **kwargs)
+
+
+def test_rank_not_inspected_is_not_counted_alive_in_a_collective_or_agreeing():
+    reduce = in_collective("all_reduce", "train_step")
+    verdict = classify([rank(0, reduce), remote(1), rank(2, reduce)])
+    assert verdict.kind == "same_collective"
+    assert verdict.title.startswith(
+        "Same collective (pattern C): ranks 0, 2 wait in all_reduce ← train_step ("
+    )
+    assert verdict.title.endswith("(rank 1 not inspected: run this on otherhost too)")
+    assert "every rank" not in verdict.title
+    assert verdict.next_steps[0].startswith(
+        "Run the same `grpolab diagnose hang` on otherhost too: rank 1 runs"
+    )
+    steps = " ".join(verdict.next_steps)
+    assert "The code agrees on ranks 0, 2 (the ranks whose stacks were read)" in steps
+    assert "every rank" not in steps
+    evidence = " | ".join(verdict.evidence)
+    assert "rank 1 on host otherhost was not inspected" in evidence and "2 of 3 ranks inspected" in evidence
+    assert "py-spy gave nothing" not in evidence and "alive" not in evidence
+    assert verdict.rows[1].state == "not inspected" and verdict.rows[1].where == "on host otherhost"
+    assert "1     999991  not inspected  -          on host otherhost" in render_table(verdict)
+
+
+def test_every_rank_wording_when_every_rank_was_inspected():
+    reduce = in_collective("all_reduce", "train_step")
+    verdict = classify([rank(0, reduce), rank(1, reduce)])
+    assert "every rank (ranks 0, 1) waits in all_reduce" in verdict.title
+    assert "not inspected" not in verdict.title
+    assert any(s.startswith("The code agrees on every rank;") for s in verdict.next_steps)
+
+
+def test_exited_rank_next_to_a_rank_not_inspected_is_not_the_end_of_the_run():
+    verdict = classify([rank(0, None, exit_code=-9), remote(1, host="node-b")])
+    assert verdict.kind == "rank_exited"
+    assert verdict.title == "Rank 0 exited (rank 1 not inspected: run this on node-b too)"
+    assert "No rank process is alive" not in verdict.title
+
+
+def test_teardown_next_to_a_rank_not_inspected_does_not_say_it_waits():
+    destroy = in_collective("destroy_process_group", "close")
+    verdict = classify([rank(0, destroy, exception="ValueError: bad reward"), remote(1)])
+    assert verdict.kind == "cleanup_deadlock"
+    assert verdict.title == (
+        "Cleanup deadlock (pattern A): rank 0 failed (ValueError) and is stuck in teardown "
+        "(rank 1 not inspected: run this on otherhost too)"
+    )
+    assert not any("rank 1 waits" in line for line in verdict.evidence)
+
+
+def test_a_process_in_doubt_is_named_in_title_evidence_and_first_step():
+    reduce = in_collective("all_reduce", "train_step")
+    sleeping = (frame("fork_socket_keeper", "job.py", 95), frame("<module>", "job.py", 1))
+    doubt = "only an orphaned process matches RANK 1 (pid 101, parent pid 1): it may be a forked worker"
+    verdict = classify([rank(0, reduce), rank(1, sleeping, caveat=doubt)])
+    assert verdict.title.endswith("(rank 1's process is in doubt: see the evidence)")
+    assert f"rank 1 (pid 101): {doubt}" in verdict.evidence
+    assert verdict.next_steps[0].startswith("Check whether rank 1 still runs: pid 101 is the only process")
+
+
+def test_a_thread_without_a_name_is_named_by_its_id():
+    spinning = (frame("score", "job.py", 20), frame("<module>", "job.py", 1))
+    stack = process(100, (None, spinning, True))
+    verdict = classify([RankObservation(rank=0, pid=100, alive=True, stacks=(stack, stack))])
+    assert verdict.kind == "python_stall"
+    assert "rank 0 thread 100 is busy in score (job.py:20)" in verdict.title
+    assert verdict.evidence[0] == "rank 0 thread 100 (active+gil): score (job.py:20) ← <module> (job.py:1)"
+    assert "None" not in verdict.title + " ".join(verdict.evidence)
+    assert verdict.rows[0].thread == "100"

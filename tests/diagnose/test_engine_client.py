@@ -199,7 +199,7 @@ def test_a_stopped_engine_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFi
         ]
     )
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 1
     assert "grpolab train: error: rollout engine 'torch engine (tiny-qwen3, cpu)' failed for" in err
     seconds = float(re.search(r"failed for ([0-9.]+) s \(--engine-failure-timeout 2\)", err).group(1))
     assert 2.0 <= seconds < 30.0  # it gave up after the timeout (the default would be 60 s)

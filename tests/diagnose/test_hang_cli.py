@@ -18,17 +18,17 @@ import time
 from pathlib import Path
 
 import pytest
-from hang_fakes import ALL_REDUCE, FakeWorld, cli, run_json
+from hang_fakes import ALL_REDUCE, STALE_S, FakeWorld, cli, run_json
 
 from grpolab.diagnose import pyspy
 from grpolab.diagnose.hang import add_hang_arguments, run_hang_command
+from grpolab.diagnose.hang_match import ranks_from_match
 from grpolab.diagnose.hang_progress import decide_progress
 from grpolab.diagnose.hang_targets import (
     InspectError,
     is_alive,
     proc_parent,
     proc_state,
-    ranks_from_match,
     read_rank_files,
 )
 
@@ -245,11 +245,12 @@ def test_moving_stacks_with_stale_heartbeats_are_a_hang(world: FakeWorld, capsys
     world.shows(pids[0], [("wait_for_scores", "/work/job.py", 12), ("main", "/work/job.py", 50)])
     world.shows(pids[1], [("score", "/work/job.py", 20), ("main", "/work/job.py", 51)], sample=1)
     world.shows(pids[1], [("score", "/work/job.py", 21), ("main", "/work/job.py", 51)], sample=2)
-    run = world.run_dir(pids)  # its heartbeats are >= 0.2 s old once the second sample is taken
-    code, report = run_json(world, capsys, str(run), "--interval", "0.2", "--stall-seconds", "0.1")
+    run = world.run_dir(pids, age_s=STALE_S)
+    code, report = run_json(world, capsys, str(run), "--interval", "0.2", "--stall-seconds", "1")
     assert code == 1
     assert report["verdict"]["kind"] == "python_stall"
     assert "code runs without reaching the next phase" in report["progress"]["reason"]
+    assert report["progress"]["note"].startswith("decided by the heartbeat age: heartbeats are written")
     assert report["progress"]["ranks_moved"] == [1]
     for count in world.spy_dir.glob("*.count"):
         count.unlink()  # the fake py-spy replays samples 1 and 2
@@ -377,7 +378,8 @@ def test_remote_rank_is_named_not_dumped(world: FakeWorld, capsys) -> None:
     code, report = run_json(world, capsys, str(run), "--interval", "0.1")
     assert code == 1
     assert "node-elsewhere-7" in report["missing_ranks"]["1"]
-    assert report["ranks"][1]["dump_seconds"] == [] and report["ranks"][1]["alive"] is True
+    assert report["ranks"][1]["dump_seconds"] == [] and report["ranks"][1]["alive"] is None
+    assert report["ranks"][1]["inspected"] is False and report["ranks"][0]["inspected"] is True
     assert not (world.spy_dir / f"{remote}.count").exists()  # py-spy never ran on it
     assert any(n.startswith("rank 1 not inspected: on host node-elsewhere-7") for n in report["notes"])
 

@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from hang_fakes import ALL_REDUCE, FakeWorld, cli, run_json
+from hang_fakes import ALL_REDUCE, STALE_S, FakeWorld, cli, run_json
 
 from grpolab.diagnose.hang import run_hang_command
-from grpolab.diagnose.hang_targets import InspectError, ranks_from_match
+from grpolab.diagnose.hang_match import ranks_from_match
+from grpolab.diagnose.hang_targets import InspectError
 from grpolab.diagnose.procfs import proc_start_time, started_after
 
 PEER_ERROR = (
@@ -74,9 +75,12 @@ def test_one_sample_of_fresh_heartbeats_is_not_confirmed(world: FakeWorld, capsy
     assert "grpolab diagnose hang: not confirmed yet: only one sample was taken" in err
     assert "--interval > 0" in err and "older than --stall-seconds 120" in err
     assert "Not hung" not in out + err and "progress observed" not in out + err
-    code, report = run_json(world, capsys, str(run), "--interval", "0", "--stall-seconds", "0")
+    stale = world.run_dir([pid], name="stale", age_s=STALE_S)
+    code, report = run_json(world, capsys, str(stale), "--interval", "0", "--stall-seconds", "1")
     assert code == 1 and report["progress"]["outcome"] == "hung" and report["progress"]["samples"] == 1
     assert report["progress"]["reason"].startswith("only one sample was taken, and the newest heartbeat")
+    assert "a healthy phase longer than --stall-seconds 1" in report["progress"]["note"]
+    assert "take two samples or raise --stall-seconds" in report["progress"]["note"]
 
 
 def test_one_sample_while_the_run_writes_says_so(world: FakeWorld, capsys) -> None:
@@ -84,7 +88,7 @@ def test_one_sample_while_the_run_writes_says_so(world: FakeWorld, capsys) -> No
     world.shows(pid, ALL_REDUCE)
     run = world.run_dir([pid])
     (world.spy_dir / f"{pid}.touch").write_text(str(run / "ranks" / "0.json"))  # a heartbeat mid-dump
-    code, out, _ = text_run(world, capsys, str(run), "--interval", "0", "--stall-seconds", "0")
+    code, out, _ = text_run(world, capsys, str(run), "--interval", "0", "--stall-seconds", "1")
     assert code == 0
     assert "progress observed: the run wrote ranks/0.json while its ranks were sampled" in out
     assert "between the two samples" not in out
@@ -234,10 +238,10 @@ def test_activity_age_comes_from_record_times_not_file_mtimes(world: FakeWorld, 
     pid = world.spawn()
     world.shows(pid, [("score", "/work/job.py", 20), ("main", "/work/job.py", 51)], sample=1)
     world.shows(pid, [("score", "/work/job.py", 21), ("main", "/work/job.py", 51)], sample=2)
-    run = world.run_dir([pid])
+    run = world.run_dir([pid], age_s=STALE_S)
     old = {"kind": "step", "time": time.time() - 900, "metrics": {}}
     (run / "metrics.jsonl").write_text(json.dumps(old) + "\n")  # mtime now, last record 15 min ago
-    code, report = run_json(world, capsys, str(run), "--interval", "0.2", "--stall-seconds", "0.1")
+    code, report = run_json(world, capsys, str(run), "--interval", "0.2", "--stall-seconds", "1")
     assert code == 1 and report["run"]["metrics_age_s"] >= 899
 
 

@@ -88,6 +88,22 @@ def test_cleanup_deadlock_reports_the_exception_first(tmp_path: Path, capsys) ->
 def test_mismatched_collectives_name_the_rank_missing_the_all_reduce(tmp_path: Path, capsys) -> None:
     with hung_world(tmp_path, "mismatch", 3) as (run, _):
         code, report = diagnose(capsys, str(run), *FAST)
+        # the same hang with rank 1 (the one in barrier) on another host: never counted as agreeing
+        record = json.loads((run / "ranks" / "1.json").read_text())
+        (run / "ranks" / "1.json").write_text(json.dumps({**record, "host": "otherhost", "pid": 999998}))
+        other_code, other = diagnose_text(capsys, str(run), *FAST, "--out", str(tmp_path / "other"))
+    assert other_code == 1, other
+    assert (
+        "hang confirmed: 2 of 3 ranks inspected; rank 1 on host otherhost was not; the stacks of ranks 0, 2"
+        in other
+    )
+    assert "every rank" not in other and "py-spy gave nothing" not in other
+    title = other[other.index("verdict: ") :].splitlines()[0]
+    assert title.startswith(
+        "verdict: Same collective (pattern C): ranks 0, 2 wait in all_reduce ← train_step"
+    )
+    assert title.endswith("(rank 1 not inspected: run this on otherhost too)")
+    assert "next steps:\n  1. Run the same `grpolab diagnose hang` on otherhost too" in other
     assert code == 1
     verdict = report["verdict"]
     assert verdict["kind"] == "mismatched_collectives" and verdict["pattern"] == "B"
@@ -204,6 +220,8 @@ def test_cli_json_shape(straggler) -> None:
 def test_rank_exited_before_all_reduce(tmp_path: Path, capsys) -> None:
     with hung_world(tmp_path, "exit", 2) as (run, markers):
         code, report = diagnose(capsys, str(run), *FAST)
+        match_code, matched = diagnose(capsys, "--match", re.escape(str(run)), *FAST)
+    assert match_code == 1, matched
     assert code == 1
     verdict = report["verdict"]
     assert verdict["kind"] == "rank_exited"
@@ -212,6 +230,14 @@ def test_rank_exited_before_all_reduce(tmp_path: Path, capsys) -> None:
     assert report["missing_ranks"] == {"1": "exited (pid gone)"}
     assert {r["rank"]: r["alive"] for r in report["ranks"]} == {0: True, 1: False}
     assert "# not dumped: exited (pid gone)" in (dump_dir(run) / "rank1.txt").read_text()
+    # --match finds rank 1's forked socket keeper (same command line, RANK=1, reparented): in doubt
+    keeper = int((run / "hang_fixture" / "keepers").read_text().split()[0])
+    assert [(r["rank"], r["pid"]) for r in matched["ranks"]] == [(0, markers[0]["pid"]), (1, keeper)]
+    assert matched["ranks"][1]["caveat"].startswith(f"only an orphaned process matches RANK 1 (pid {keeper}")
+    verdict = matched["verdict"]
+    assert verdict["title"].endswith("(rank 1's process is in doubt: see the evidence)"), verdict["title"]
+    assert any(e.startswith(f"rank 1 (pid {keeper}): only an orphaned process") for e in verdict["evidence"])
+    assert verdict["next_steps"][0].startswith("Check whether rank 1 still runs")
 
 
 def test_python_stall_confirmed_by_stale_heartbeats(tmp_path: Path, capsys) -> None:

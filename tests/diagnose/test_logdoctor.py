@@ -494,6 +494,7 @@ def test_rules_are_registered_by_id():
         "fault_injected",
         "engine_dead_timeout",
         "train_failed",
+        "rank_error",
     }
     again = type("Again", (Rule,), {"id": "fa3_sm", "severity": "error", "source": "x"})
     with pytest.raises(ValueError, match="'fa3_sm' is already registered"):

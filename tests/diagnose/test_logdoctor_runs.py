@@ -7,6 +7,7 @@ each once, on stderr), and the log doctor must name them: `fault_injected` (info
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,7 @@ def test_dead_engine_run(tmp_path: Path, capsys) -> None:
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the run failed (2 is bad input)
     fault = (
         "[grpolab fault] injecting stop_engine_at_end on rank 0 at rollout 0 (--ci-ft-test-actions item 0)"
     )
@@ -86,7 +87,7 @@ def test_raised_fault_run(tmp_path: Path, capsys) -> None:
     run_dir = tmp_path / "raise"
     argv = ["train", *SMALL, "--num-rollout", "2", "--run-dir", str(run_dir)]
     code = main([*argv, "--ci-ft-test-actions", '[{"at_rollout": 1, "action": "raise_in_train"}]'])
-    assert code == 2
+    assert code == 1  # the run failed (2 is bad input)
     err = capsys.readouterr().err
     assert err.count("grpolab train: error: injected fault: raise_in_train on rank 0 at rollout 1") == 1
     console = (run_dir / "console.log").read_text().splitlines()
@@ -101,6 +102,15 @@ def test_raised_fault_run(tmp_path: Path, capsys) -> None:
     assert failed.severity == "error" and failed.details["type"] == "InjectedFault"
     assert failed.details["injected"] is True and [e.line for e in failed.evidence] == [len(console)]
     assert failed.title.startswith("grpolab train failed: InjectedFault: injected fault: raise_in_train")
+    assert "events.jsonl" not in failed.cause  # console.log alone: the final status was not read
+    # the run directory: rank 0's recorded error is console.log's line, so train_failed tells it, with
+    # the final status read from events.jsonl
+    assert doctor(["--json", str(run_dir)]) == 1
+    (scan,) = json.loads(capsys.readouterr().out)["files"]
+    assert [f["rule"] for f in scan["findings"]] == ["fault_injected", "train_failed"]
+    cause = scan["findings"][1]["cause"]
+    assert "The run directory's events.jsonl ends with status failed." in cause
+    assert f"Rank 0 recorded it in {run_dir / 'ranks' / '0.json'}." in cause
 
 
 def _feed(rules: LogRules, lines: list[str]) -> None:
