@@ -6,7 +6,8 @@ AReaL debugging guide's hang patterns, and says what the log shows, why, and wha
 `Rule` subclass registered by id with `@register`; its id, severity, needles, cause, fix and source
 are the class attributes at its top. The rules live by family: rules_engine.py (a run or engine that
 cannot start or runs out of memory), rules_grpolab.py (grpolab's own lines: an injected CI fault, the
-engine client's timeout, a failed `grpolab train`), rules_kernels.py (kernel and weight-update crashes),
+engine client's timeout), rules_run_failure.py (a failed `grpolab train`: its error line and every
+rank's recorded error), rules_kernels.py (kernel and weight-update crashes),
 rules_nccl_timeout.py (NCCL watchdog timeouts), rules_metrics.py (the metrics a run prints, and its
 wandb setup) and rules_dead_engine.py (the 503 watchdog).
 

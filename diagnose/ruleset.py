@@ -23,6 +23,7 @@ from grpolab.diagnose import (
     rules_kernels,
     rules_metrics,
     rules_nccl_timeout,
+    rules_run_failure,
 )
 from grpolab.diagnose.logrules import (
     MAX_CONTEXT_LINES,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 RULE_FAMILIES = (
     rules_engine,
     rules_grpolab,
+    rules_run_failure,
     rules_kernels,
     rules_nccl_timeout,
     rules_metrics,
