@@ -317,6 +317,31 @@ class Rule:
         )
 
 
+class SignatureRule(Rule):
+    """A rule whose every needle line is evidence of one fixed finding (a signature with no figures).
+
+    Subclasses set `title` and, to cut long lines around it, `evidence_focus`.
+    """
+
+    title: ClassVar[str]
+    """The finding's title."""
+    evidence_focus: ClassVar[str | None] = None
+    """Text each evidence line is cut around (`trim_line`), or None for the line's start."""
+
+    def __init__(self, log: LogRules) -> None:
+        super().__init__(log)
+        self.lines: list[Line] = []
+
+    def observe(self, line: Line) -> None:
+        keep_line(self.lines, line)
+
+    def findings(self, earlier: Sequence[Finding]) -> list[Finding]:
+        if not self.lines:
+            return []
+        evidence = (self.ev(ln, focus=self.evidence_focus) for ln in self.lines[:MAX_EVIDENCE])
+        return [self.finding(self.title, evidence, {"lines": len(self.lines)})]
+
+
 RULES: Registry[type[Rule]] = Registry("log doctor rule")
 """Every rule class by id, in registration order (ruleset.py imports the rule families)."""
 
@@ -359,6 +384,7 @@ __all__ = [
     "Mention",
     "Rule",
     "RuleOptions",
+    "SignatureRule",
     "clean_line",
     "count_by_severity",
     "is_rollout_line",

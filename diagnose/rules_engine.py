@@ -17,8 +17,8 @@ from grpolab.diagnose.logrules import (
     Finding,
     Line,
     Rule,
+    SignatureRule,
     clean_line,
-    keep_line,
     register,
 )
 
@@ -107,7 +107,7 @@ class RewardModuleMissing(Rule):
 
 
 @register
-class Fa3Sm(Rule):
+class Fa3Sm(SignatureRule):
     """FlashAttention 3's SM 8.0-9.0 assertion: the rollout engine stops at start."""
 
     id = "fa3_sm"
@@ -125,23 +125,7 @@ class Fa3Sm(Rule):
     )
     source = f"{MANUAL_TROUBLE} (The engine stops at start with a FlashAttention 3 error)"
 
-    def __init__(self, log: LogRules) -> None:
-        super().__init__(log)
-        self.lines: list[Line] = []
-
-    def observe(self, line: Line) -> None:
-        keep_line(self.lines, line)
-
-    def findings(self, earlier: Sequence[Finding]) -> list[Finding]:
-        if not self.lines:
-            return []
-        return [
-            self.finding(
-                "the rollout engine stopped at start: FlashAttention 3 needs an SM 8.0-9.0 GPU",
-                (self.ev(ln) for ln in self.lines[:MAX_EVIDENCE]),
-                {"lines": len(self.lines)},
-            )
-        ]
+    title = "the rollout engine stopped at start: FlashAttention 3 needs an SM 8.0-9.0 GPU"
 
 
 @register

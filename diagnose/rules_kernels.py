@@ -17,6 +17,7 @@ from grpolab.diagnose.logrules import (
     Line,
     Mention,
     Rule,
+    SignatureRule,
     clean_line,
     keep_line,
     register,
@@ -37,7 +38,7 @@ WEIGHT_UPDATE = Mention(
 
 
 @register
-class IllegalMemoryAccess(Rule):
+class IllegalMemoryAccess(SignatureRule):
     """CUDA illegal memory access (in SGLang, usually out of memory in disguise)."""
 
     id = "illegal_memory_access"
@@ -54,23 +55,8 @@ class IllegalMemoryAccess(Rule):
     )
     source = KERNEL_PITFALLS
 
-    def __init__(self, log: LogRules) -> None:
-        super().__init__(log)
-        self.lines: list[Line] = []
-
-    def observe(self, line: Line) -> None:
-        keep_line(self.lines, line)
-
-    def findings(self, earlier: Sequence[Finding]) -> list[Finding]:
-        if not self.lines:
-            return []
-        return [
-            self.finding(
-                "CUDA illegal memory access",
-                (self.ev(ln, focus="illegal memory access") for ln in self.lines[:MAX_EVIDENCE]),
-                {"lines": len(self.lines)},
-            )
-        ]
+    title = "CUDA illegal memory access"
+    evidence_focus = "illegal memory access"
 
 
 @register

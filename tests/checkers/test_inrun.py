@@ -295,7 +295,7 @@ def test_metric_gate_fails_without_eval_and_below_threshold(tmp_path: Path, caps
     assert "eval/arith never reached 1.01" in capsys.readouterr().err
 
 
-def test_fault_actions_raise_in_train_and_stop_engine(tmp_path: Path, capsys) -> None:
+def test_fault_action_raise_in_train_and_bad_actions(tmp_path: Path, capsys) -> None:
     code = main(
         [
             "train",
@@ -313,22 +313,7 @@ def test_fault_actions_raise_in_train_and_stop_engine(tmp_path: Path, capsys) ->
     evs = events(tmp_path / "r")
     assert [e["rollout_id"] for e in evs if e["event"] == "fault"] == [1]
     assert evs[-1]["status"] == "failed" and evs[-1]["rollout_id"] == 1
-    code = main(
-        [
-            "train",
-            *SMALL,
-            "--num-rollout",
-            "3",
-            "--ci-ft-test-actions",
-            '[{"at_rollout": 0, "action": "stop_engine_at_end"}]',
-            "--engine-failure-timeout",
-            "1",
-            "--run-dir",
-            str(tmp_path / "s"),
-        ]
-    )
-    assert code == 1
-    assert "engine was shut down" in capsys.readouterr().err
+    # stop_engine_at_end: tests/diagnose/test_engine_client.py::test_a_stopped_engine_stops_the_run
     with pytest.raises(SystemExit):
         main(["train", "--ci-ft-test-actions", '[{"at_rollout": 1, "action": "explode"}]'])
     assert "--ci-ft-test-actions: item 0" in capsys.readouterr().err

@@ -204,6 +204,7 @@ def test_a_stopped_engine_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFi
     seconds = float(re.search(r"failed for ([0-9.]+) s \(--engine-failure-timeout 2\)", err).group(1))
     assert 2.0 <= seconds < 30.0  # it gave up after the timeout (the default would be 60 s)
     assert "last engine log lines:" in err and "shut down by fault injection stop_engine_at_end" in err
+    assert "engine was shut down" in err  # the last error: what the dead engine answered
     status = events(tmp_path / "r")[-1]
     assert status["event"] == "status" and status["status"] == "failed" and status["rollout_id"] == 1
     assert status["error"].startswith("EngineDeadError: rollout engine 'torch engine (tiny-qwen3, cpu)'")
