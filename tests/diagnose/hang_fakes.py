@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -186,3 +187,19 @@ def cli(world: FakeWorld, *argv: str, py_spy: str | None = None) -> argparse.Nam
 def run_json(world: FakeWorld, capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, dict]:
     code = run_hang_command(cli(world, *argv, "--json"))
     return code, json.loads(capsys.readouterr().out)
+
+
+def kill_after_first_dump(world: FakeWorld, pid: int) -> threading.Thread:
+    """Kill (and reap) rank `pid` as soon as the fake py-spy answered its first dump."""
+    proc = next(p for p in world.procs if p.pid == pid)
+
+    def kill() -> None:
+        deadline = time.time() + 60
+        while not (world.spy_dir / f"{pid}.count").exists() and time.time() < deadline:
+            time.sleep(0.01)
+        proc.kill()
+        proc.wait(timeout=30)
+
+    thread = threading.Thread(target=kill)
+    thread.start()
+    return thread

@@ -10,12 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from hang_fakes import ALL_REDUCE, STALE_S, FakeWorld, cli, run_json
+from hang_fakes import ALL_REDUCE, STALE_S, FakeWorld, cli, kill_after_first_dump, run_json
 
 from grpolab.diagnose.hang import run_hang_command
 from grpolab.diagnose.hang_match import ranks_from_match
@@ -47,22 +46,6 @@ def text_run(world: FakeWorld, capsys: pytest.CaptureFixture, *argv: str) -> tup
     code = run_hang_command(cli(world, *argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
-
-
-def kill_after_first_dump(world: FakeWorld, pid: int) -> threading.Thread:
-    """Kill (and reap) rank `pid` as soon as the fake py-spy answered its first dump."""
-    proc = next(p for p in world.procs if p.pid == pid)
-
-    def kill() -> None:
-        deadline = time.time() + 60
-        while not (world.spy_dir / f"{pid}.count").exists() and time.time() < deadline:
-            time.sleep(0.01)
-        proc.kill()
-        proc.wait(timeout=30)
-
-    thread = threading.Thread(target=kill)
-    thread.start()
-    return thread
 
 
 # ----------------------------------------------------------------------------- one sample (--interval 0)

@@ -12,12 +12,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from hang_fakes import ALL_REDUCE, FakeWorld, cli, run_json
+from hang_fakes import ALL_REDUCE, FakeWorld, cli, kill_after_first_dump, run_json
 
 from grpolab.diagnose.hang import run_hang_command
 from grpolab.diagnose.hang_match import ranks_from_match
@@ -68,17 +67,7 @@ def test_one_of_two_pids_exiting_during_sampling_is_in_the_headline(world: FakeW
     pids = [world.spawn(), world.spawn()]
     for pid in pids:
         world.shows(pid, ALL_REDUCE)
-    victim = world.procs[0]
-
-    def kill_after_first_dump() -> None:
-        deadline = time.time() + 60
-        while not (world.spy_dir / f"{pids[0]}.count").exists() and time.time() < deadline:
-            time.sleep(0.01)
-        victim.kill()
-        victim.wait(timeout=30)
-
-    killer = threading.Thread(target=kill_after_first_dump)
-    killer.start()
+    killer = kill_after_first_dump(world, pids[0])
     try:
         code = run_hang_command(cli(world, "--pid", *map(str, pids), "--interval", "1"))
     finally:
