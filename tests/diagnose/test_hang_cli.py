@@ -33,16 +33,6 @@ from grpolab.diagnose.hang_targets import (
 )
 
 
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    w = FakeWorld(tmp_path)
-    monkeypatch.setenv("FAKE_PYSPY_DIR", str(w.spy_dir))
-    try:
-        yield w
-    finally:
-        w.close()
-
-
 # ----------------------------------------------------------------------------- the progress rule
 def test_progress_rule_changed_file_means_progress() -> None:
     check = decide_progress(

@@ -32,16 +32,6 @@ ROOT_ERROR = (
 )
 
 
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    w = FakeWorld(tmp_path)
-    monkeypatch.setenv("FAKE_PYSPY_DIR", str(w.spy_dir))
-    try:
-        yield w
-    finally:
-        w.close()
-
-
 def text_run(world: FakeWorld, capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
     code = run_hang_command(cli(world, *argv))
     captured = capsys.readouterr()

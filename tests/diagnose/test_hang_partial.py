@@ -23,16 +23,6 @@ from grpolab.diagnose.hang_match import ranks_from_match
 from grpolab.diagnose.procfs import is_alive, proc_cmdline, proc_env_rank, proc_parent
 
 
-@pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    w = FakeWorld(tmp_path)
-    monkeypatch.setenv("FAKE_PYSPY_DIR", str(w.spy_dir))
-    try:
-        yield w
-    finally:
-        w.close()
-
-
 # --------------------------------------------------------------------------------- a rank elsewhere
 def test_rank_on_another_host_is_not_counted_and_the_headline_says_so(world: FakeWorld, capsys) -> None:
     pids = [world.spawn(), world.spawn()]
