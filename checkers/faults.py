@@ -184,7 +184,7 @@ def _announce(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
     logger = logging.getLogger("grpolab")
     if logger.hasHandlers():
-        from grpolab.core.rundir import CONSOLE_LOG_ONLY
+        from grpolab.rundir.writer import CONSOLE_LOG_ONLY
 
         logger.warning(line, extra=CONSOLE_LOG_ONLY)
 

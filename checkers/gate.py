@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from grpolab.core.foreign_logs import MetricRecord, parse_file
+from grpolab.rundir.foreign_logs import MetricRecord, parse_file
 
 PPO_KL_KEY = "train/ppo_kl"
 CLIPFRAC_KEY = "train/pg_clipfrac"

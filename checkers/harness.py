@@ -20,7 +20,7 @@ from grpolab.checkers.metric import MetricChecker
 from grpolab.core.atomic import atomic_write_json
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
-from grpolab.core.rundir import RunDirectory
+from grpolab.rundir.writer import RunDirectory
 
 log = logging.getLogger("grpolab")
 

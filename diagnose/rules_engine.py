@@ -62,7 +62,7 @@ class RewardModuleMissing(Rule):
 
     def on_launch_line(self, text: str) -> None:
         if self.custom_rm_path is None:
-            from grpolab.core.foreign_logs import parse_flags
+            from grpolab.rundir.foreign_logs import parse_flags
 
             self.custom_rm_path = parse_flags(clean_line(text)).get("custom-rm-path")
 

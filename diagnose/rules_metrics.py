@@ -89,7 +89,7 @@ class Step0Gap(Rule):
 
     def observe(self, line: Line) -> None:
         if self.step0 is None and "step 0: {" in line.text:
-            from grpolab.core.foreign_logs import parse_line  # imported on use: `ast` costs start-up time
+            from grpolab.rundir.foreign_logs import parse_line  # imported on use: `ast` costs start-up time
 
             record = parse_line(line.text, line.line)
             if record is not None and record.kind == "step" and record.step == 0:

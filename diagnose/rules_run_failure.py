@@ -202,7 +202,7 @@ class RankFailed(Rule):
     id = "rank_error"
     severity = "error"
     source = (
-        'grpolab\'s run directory: ranks/<rank>.json "error" (core/rundir.py); root cause first as in '
+        'grpolab\'s run directory: ranks/<rank>.json "error" (rundir/writer.py); root cause first as in '
         "`grpolab diagnose hang` (a lost peer connection is a consequence, else the earliest heartbeat)"
     )
 

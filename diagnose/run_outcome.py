@@ -3,7 +3,7 @@
 console.log holds rank 0's output only (the other ranks print to the terminal of `grpolab train`),
 so in a multi-rank run that fails, the rank that failed first may be missing from it and rank 0's
 final error is often a side effect (gloo: "Connection closed by peer"). Every rank records its own
-exception in `ranks/<rank>.json` ("error": type, message and traceback tail, core/rundir.py
+exception in `ranks/<rank>.json` ("error": type, message and traceback tail, rundir/writer.py
 `describe_exception`); this module reads those (with `grpolab diagnose hang`'s reader and root-cause
 order: hang_targets.py, hang_ended.py, rank_errors.py) and the last line of events.jsonl, and says
 where each error is written, so that findings can cite `ranks/<rank>.json:<line>`.

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from grpolab.core.foreign_logs import ParsedLog
+from grpolab.rundir.foreign_logs import ParsedLog
 
 INDEX_NAMES = ["kind", "step"]
 """Per-run frame index: kind (rollout | step | perf | eval | ...) and step (the train step for

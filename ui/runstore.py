@@ -2,7 +2,7 @@
 
 Sources under each RUNS_ROOT: our run directories (a folder holding run.json, metrics.jsonl,
 events.jsonl or ranks/) and foreign console logs (`*.log`, `*.out` files outside run
-directories: Miles/slime logs, read with `grpolab.core.foreign_logs`, the parser `grpolab gate`
+directories: Miles/slime logs, read with `grpolab.rundir.foreign_logs`, the parser `grpolab gate`
 uses). Both come out in one shape: `read_scalars` → a frame indexed by (run, kind, step) where
 step is the train step for `step` rows and the rollout id for every other kind.
 
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from grpolab.core.foreign_logs import ParsedLog, parse_file
+from grpolab.rundir.foreign_logs import ParsedLog, parse_file
 from grpolab.diagnose.gpu import GPU_FILE
 from grpolab.diagnose.logscan import FileScan, scan_file
 from grpolab.diagnose.run_outcome import read_run_outcome

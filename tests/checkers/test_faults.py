@@ -204,7 +204,7 @@ def test_the_fault_line_reaches_console_log_once_on_the_terminal(tmp_path: Path,
     console = tmp_path / "console.log"
     body = f"""
         import logging
-        from grpolab.core.rundir import setup_console_logging
+        from grpolab.rundir.writer import setup_console_logging
         setup_console_logging(quiet={rank != 0})
         handler = logging.FileHandler({str(console)!r})
         logging.getLogger("grpolab").addHandler(handler)

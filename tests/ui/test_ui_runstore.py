@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from grpolab.core.foreign_logs import parse_file
+from grpolab.rundir.foreign_logs import parse_file
 from grpolab.ui import discovery
 from grpolab.ui.runstore import RunStore
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.core.foreign_logs import (
+from grpolab.rundir.foreign_logs import (
     LiteralError,
     LogParser,
     parse_file,
