@@ -39,12 +39,12 @@ from grpolab.core.evaluation import evaluate
 from grpolab.core.metrics import PhaseTimer, format_line, rollout_metrics, summary_row
 from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
 from grpolab.core.rollout import RolloutProducer
-from grpolab.rundir.writer import CONSOLE_LOG_ONLY, RunDirectory, describe_exception, setup_console_logging
 from grpolab.core.seeding import seed_everything
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
 from grpolab.replay.recording import chat_template_hash, tokenizer_fingerprint
 from grpolab.replay.replayer import RolloutRecorder, RunIdentity
+from grpolab.rundir.writer import CONSOLE_LOG_ONLY, RunDirectory, describe_exception, setup_console_logging
 
 log = logging.getLogger("grpolab")
 

@@ -22,9 +22,9 @@ from grpolab.core.data import PromptDataset, rollout_prompt_indices
 from grpolab.core.dist import DistContext
 from grpolab.core.engine.base import GenerationRequest, RolloutEngine, SamplingParams
 from grpolab.core.metrics import PhaseTimer
-from grpolab.rundir.writer import RunDirectory
 from grpolab.core.seeding import derive_sample_seed
 from grpolab.replay.replayer import InjectMismatchError, RolloutReplayer, RunIdentity, compare_rollouts
+from grpolab.rundir.writer import RunDirectory
 
 log = logging.getLogger("grpolab")
 

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from grpolab.rundir.foreign_logs import ParsedLog, parse_file
 from grpolab.diagnose.gpu import GPU_FILE
 from grpolab.diagnose.logscan import FileScan, scan_file
 from grpolab.diagnose.run_outcome import read_run_outcome
 from grpolab.replay.recording import RolloutRecording, load_rollout
+from grpolab.rundir.foreign_logs import ParsedLog, parse_file
 from grpolab.ui import discovery, logprob_gap, readers
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from grpolab.core.metrics import format_line
 from grpolab.rundir.foreign_logs import (
     LiteralError,
     LogParser,
@@ -15,7 +16,6 @@ from grpolab.rundir.foreign_logs import (
     parse_metrics_dict,
     perf_side,
 )
-from grpolab.core.metrics import format_line
 
 LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 MANUAL_ROLLOUT_0 = (
