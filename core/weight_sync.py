@@ -3,11 +3,17 @@
 Mirrors Miles' colocated `UpdateWeightFromTensor` (notes 6.2): pack named tensors into buckets by
 byte size (a tensor larger than the buffer travels alone), send each bucket with the new weight
 version, and require the engine to echo that version.
+
+Memory: the (name, tensor) pairs are consumed lazily, one at a time, and a bucket is sent as soon
+as the next tensor would overflow it; its tensors are dropped before the next one is gathered. On
+a multi-rank (FSDP2) run `Actor.named_weights` gathers one full parameter per step of its
+iterator, so a rank holds at most one bucket plus one full tensor of gathered weights during a
+sync, never the whole model: the buffer size bounds the sync's extra memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -29,25 +35,43 @@ class SyncStats:
     weight_version: int
 
 
-def plan_buckets(sizes_bytes: list[int], buffer_bytes: int) -> list[list[int]]:
-    """Group tensor indices, in order, into buckets whose byte sizes sum to at most `buffer_bytes`.
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of `t`'s elements (numel × element size), whatever its storage."""
+    return t.numel() * t.element_size()
 
-    A tensor larger than the buffer forms a bucket by itself. Raises ValueError for buffer_bytes < 1.
+
+def iter_buckets(
+    named: Iterable[tuple[str, torch.Tensor]], buffer_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Pack (name, tensor) pairs, in order, into buckets of at most `buffer_bytes` bytes, lazily.
+
+    Greedy as the tensors arrive: a bucket is yielded when the next tensor would overflow it (so
+    the iterator holds that one tensor while the caller sends the bucket); a tensor larger than the
+    buffer forms a bucket by itself. `named` is read no further ahead than that one tensor, and a
+    yielded bucket is not referenced again by the iterator once the caller asks for the next.
+
+    Raises:
+        ValueError: buffer_bytes < 1 (names `--update-weight-buffer-size`), at the call.
     """
     if buffer_bytes < 1:
         raise ValueError(f"--update-weight-buffer-size must be >= 1 byte, got {buffer_bytes}")
-    buckets: list[list[int]] = []
-    current: list[int] = []
+    return _pack(named, buffer_bytes)
+
+
+def _pack(
+    named: Iterable[tuple[str, torch.Tensor]], buffer_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    current: list[tuple[str, torch.Tensor]] = []
     used = 0
-    for i, size in enumerate(sizes_bytes):
+    for name, tensor in named:
+        size = tensor_bytes(tensor)
         if current and used + size > buffer_bytes:
-            buckets.append(current)
-            current, used = [], 0
-        current.append(i)
+            yield current
+            current, used = [], 0  # drop the sent bucket before the next tensor is gathered
+        current.append((name, tensor))
         used += size
     if current:
-        buckets.append(current)
-    return buckets
+        yield current
 
 
 def sync_weights(
@@ -57,21 +81,26 @@ def sync_weights(
     weight_version: int,
     buffer_bytes: int,
 ) -> SyncStats:
-    """Send every (HF name, tensor) to `engine` in buckets; return what moved.
+    """Send every (HF name, tensor) of `named` to `engine` in buckets; return what moved.
+
+    `named` is consumed lazily (see `iter_buckets`): pass a generator such as
+    `Actor.named_weights()` so that at most one bucket plus one tensor is held at a time.
 
     Raises:
         WeightSyncError: when the engine answers a bucket with another weight version.
+        ValueError: buffer_bytes < 1.
     """
-    items = list(named)
-    sizes = [t.numel() * t.element_size() for _, t in items]
-    buckets = plan_buckets(sizes, buffer_bytes)
+    packed = iter_buckets(named, buffer_bytes)
     engine.flush_cache()
-    for bucket in buckets:
-        echoed = engine.update_weights([items[i] for i in bucket], weight_version=weight_version)
+    buckets = tensors = total = 0
+    for bucket in packed:
+        echoed = engine.update_weights(bucket, weight_version=weight_version)
         if echoed != weight_version:
             raise WeightSyncError(
                 f"engine acknowledged weight version {echoed} after a sync to version {weight_version}"
             )
-    return SyncStats(
-        buckets=len(buckets), tensors=len(items), bytes=sum(sizes), weight_version=weight_version
-    )
+        buckets += 1
+        tensors += len(bucket)
+        total += sum(tensor_bytes(t) for _, t in bucket)
+        del bucket  # the sent tensors are freed before the next bucket is gathered
+    return SyncStats(buckets=buckets, tensors=tensors, bytes=total, weight_version=weight_version)
