@@ -35,3 +35,12 @@ def gsm8k_train() -> Path:
     if not GSM8K_TRAIN.exists():
         pytest.skip(f"real GSM8K not found at {GSM8K_TRAIN} (it lives in ../shared/data/gsm8k)")
     return GSM8K_TRAIN
+
+
+@pytest.fixture(scope="session")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory written once per session by a real `grpolab train` (runs.SHORT: 2 rollouts,
+    one optimizer step each, status finished). Shared: copy it before editing."""
+    from runs import train_short
+
+    return train_short(tmp_path_factory.mktemp("short") / "run")

@@ -18,11 +18,20 @@ SMALL = [
     "--no-progress",
 ]
 """4 prompts × 4 answers, 24 tokens: a few seconds per rollout on the tiny model."""
+SHORT = ["--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2"]
+SHORT += ["--rollout-max-response-len", "8", "--no-progress"]
+"""2 rollouts × 2 prompts × 2 answers, 8 tokens: the `short_run` session fixture (a few seconds)."""
 
 
 def run(tmp: Path, name: str, *extra: str) -> Path:
     """`grpolab train SMALL --run-dir tmp/name *extra` in this process; returns the run directory."""
     argv = ["train", *SMALL, "--run-dir", str(tmp / name), *extra]
+    return train(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv])
+
+
+def train_short(run_dir: Path, *extra: str) -> Path:
+    """`grpolab train SHORT --run-dir run_dir *extra` in this process; returns the run directory."""
+    argv = ["train", *SHORT, "--run-dir", str(run_dir), *extra]
     return train(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv])
 
 
