@@ -211,6 +211,7 @@ class Actor:
         step: int,
         apply_update: bool,
     ) -> dict[str, float]:
+        """Forward/backward every micro-batch of one optimizer window, then one optimizer step."""
         algo = self.algo
         mode = "token_mean" if algo.calculate_per_token_loss else "sample_mean"
         local_count = (
@@ -221,49 +222,12 @@ class Actor:
         sums: dict[str, float] = {}
         self.model.zero_grad(set_to_none=True)
         for chunk in split(window, self.opt_cfg.micro_batch_size):
-            mb = self._collate([samples[i] for i in chunk])
-            mask_BL = mb.scatter([samples[i].loss_mask for i in chunk]) > 0
-            old_BL = mb.scatter([old[i] for i in chunk])
-            adv_BL = mb.scatter([torch.full_like(samples[i].loss_mask, samples[i].advantage) for i in chunk])
-            rollout_BL = mb.scatter([samples[i].rollout_log_probs for i in chunk])
-            log_probs_BL, entropy_BL = self._forward(self.model, mb, with_entropy=True)
-            assert entropy_BL is not None
-
-            pg_BL, clipfrac_BL, ppo_kl_BL = algorithms.policy_loss(
-                log_probs_BL,
-                old_BL,
-                adv_BL,
-                eps_clip=algo.eps_clip,
-                eps_clip_high=algo.eps_clip_high,
-                eps_clip_c=algo.eps_clip_c,
+            chunk_samples = [samples[i] for i in chunk]
+            mb = self._collate(chunk_samples)
+            mask_BL = mb.scatter([s.loss_mask for s in chunk_samples]) > 0
+            per_token = self._token_terms(
+                mb, chunk_samples, [old[i] for i in chunk], None if ref is None else [ref[i] for i in chunk]
             )
-            per_token = {
-                "train/entropy_loss": entropy_BL,
-                "train/pg_clipfrac": clipfrac_BL,
-                "train/ppo_kl": ppo_kl_BL,
-            }
-            if algo.use_tis:
-                tis_BL, tis_raw_BL = algorithms.tis_weights(
-                    old_BL, rollout_BL, clip_low=algo.tis_clip_low, clip_high=algo.tis_clip
-                )
-                pg_BL = pg_BL * tis_BL
-                per_token["train/tis"] = tis_raw_BL
-                per_token["train/tis_abs"] = (tis_raw_BL - 1).abs()
-                per_token["train/tis_clipfrac"] = (
-                    (tis_raw_BL < algo.tis_clip_low) | (tis_raw_BL > algo.tis_clip)
-                ).float()
-            per_token["train/pg_loss"] = pg_BL
-            if algo.use_kl_loss:
-                assert ref is not None, "--use-kl-loss needs reference log-probs"
-                ref_BL = mb.scatter([ref[i] for i in chunk])
-                per_token["train/kl_loss"] = algorithms.get_kl_estimator(algo.kl_loss_type)(
-                    log_probs_BL, ref_BL
-                )
-            with torch.no_grad():
-                per_token["train/train_rollout_logprob_abs_diff"] = (old_BL - rollout_BL).abs()
-                per_token["train/train_rollout_kl"] = algorithms.get_kl_estimator("low_var_kl")(
-                    old_BL, rollout_BL
-                )
             reduced = {
                 k: algorithms.aggregate_loss(v, mask_BL, mode=mode, denominator=denominator)
                 for k, v in per_token.items()
@@ -275,8 +239,63 @@ class Actor:
             reduced["train/loss"] = loss
             for name, value in reduced.items():
                 sums[name] = sums.get(name, 0.0) + float(value.detach())
+        return self._optimizer_step(all_reduce_sum(sums, self.dist), step, apply_update)
 
-        sums = all_reduce_sum(sums, self.dist)
+    def _token_terms(
+        self,
+        mb: MicroBatch,
+        chunk: list[Sample],
+        old: list[torch.Tensor],
+        ref: list[torch.Tensor] | None,
+    ) -> dict[str, torch.Tensor]:
+        """The per-token [B, L] float32 loss terms and metrics of one micro-batch, by metric name.
+
+        Runs the training forward (with entropy). `train/pg_loss` (× TIS weights with `--use-tis`),
+        `train/entropy_loss` and `train/kl_loss` (with `--use-kl-loss`) carry the gradient; the
+        rest are metrics. `old`/`ref` hold the chunk's float32 [R] log-probs.
+        """
+        algo = self.algo
+        old_BL = mb.scatter(old)
+        adv_BL = mb.scatter([torch.full_like(s.loss_mask, s.advantage) for s in chunk])
+        rollout_BL = mb.scatter([s.rollout_log_probs for s in chunk])
+        log_probs_BL, entropy_BL = self._forward(self.model, mb, with_entropy=True)
+        assert entropy_BL is not None
+        pg_BL, clipfrac_BL, ppo_kl_BL = algorithms.policy_loss(
+            log_probs_BL,
+            old_BL,
+            adv_BL,
+            eps_clip=algo.eps_clip,
+            eps_clip_high=algo.eps_clip_high,
+            eps_clip_c=algo.eps_clip_c,
+        )
+        per_token = {
+            "train/entropy_loss": entropy_BL,
+            "train/pg_clipfrac": clipfrac_BL,
+            "train/ppo_kl": ppo_kl_BL,
+        }
+        if algo.use_tis:
+            clip = {"clip_low": algo.tis_clip_low, "clip_high": algo.tis_clip}
+            tis_BL, tis_raw_BL = algorithms.tis_weights(old_BL, rollout_BL, **clip)
+            pg_BL = pg_BL * tis_BL
+            per_token |= {f"train/{k}": v for k, v in algorithms.tis_metrics(tis_raw_BL, **clip).items()}
+        per_token["train/pg_loss"] = pg_BL
+        if algo.use_kl_loss:
+            assert ref is not None, "--use-kl-loss needs reference log-probs"
+            kl = algorithms.get_kl_estimator(algo.kl_loss_type)
+            per_token["train/kl_loss"] = kl(log_probs_BL, mb.scatter(ref))
+        with torch.no_grad():
+            per_token["train/train_rollout_logprob_abs_diff"] = (old_BL - rollout_BL).abs()
+            per_token["train/train_rollout_kl"] = algorithms.get_kl_estimator("low_var_kl")(
+                old_BL, rollout_BL
+            )
+        return per_token
+
+    def _optimizer_step(self, sums: dict[str, float], step: int, apply_update: bool) -> dict[str, float]:
+        """Clip the gradient, step AdamW and the scheduler; return `sums` with grad_norm, lr and step.
+
+        Raises:
+            NonFiniteError: the summed loss or the gradient norm is NaN/inf (no step is taken).
+        """
         max_norm = self.opt_cfg.clip_grad if self.opt_cfg.clip_grad > 0 else math.inf
         grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not (math.isfinite(float(grad_norm)) and math.isfinite(sums["train/loss"])):

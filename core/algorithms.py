@@ -10,8 +10,8 @@ What is really computed (Miles semantics, `reference/notes-miles-slime-areal.md`
 6. Loss aggregation with an explicit denominator (tokens or samples in the optimizer window), so the
    sum over micro-batches of one window is the window mean whatever the micro-batch size.
 
-No I/O, no config objects. Estimators and losses are registered by name; an unknown name lists
-the valid ones.
+No I/O, no config objects. Estimators are registered by name (`--advantage-estimator`,
+`--kl-loss-type`); an unknown name lists the valid ones.
 
 Shape legend: B samples, T tokens (response positions), L sequence positions, V vocab, G groups.
 """
@@ -34,14 +34,11 @@ ADVANTAGE_ESTIMATORS: Registry[Callable[..., Tensor]] = Registry(
     "advantage estimator", "--advantage-estimator"
 )
 KL_ESTIMATORS: Registry[Callable[[Tensor, Tensor], Tensor]] = Registry("KL estimator", "--kl-loss-type")
-POLICY_LOSSES: Registry[Callable[..., tuple[Tensor, Tensor, Tensor]]] = Registry("policy loss")
 
 register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
 get_advantage_estimator = ADVANTAGE_ESTIMATORS.get
 register_kl_estimator = KL_ESTIMATORS.register
 get_kl_estimator = KL_ESTIMATORS.get
-register_policy_loss = POLICY_LOSSES.register
-get_policy_loss = POLICY_LOSSES.get
 
 
 def _check_same_shape(**tensors: Tensor) -> None:
@@ -137,7 +134,6 @@ def grpo_advantages_reference(
 # Policy loss
 
 
-@register_policy_loss("ppo_clip")
 def policy_loss(
     log_probs_BT: Tensor,
     old_log_probs_BT: Tensor,
@@ -257,20 +253,22 @@ def tis_weights(
     return raw_BT.clamp(clip_low, clip_high), raw_BT
 
 
-def tis_metrics(
-    raw_ratio_BT: Tensor, mask_BT: Tensor, *, clip_low: float = 0.0, clip_high: float = 2.0
-) -> dict[str, Tensor]:
-    """Per-sample TIS metrics (masked means over tokens), to be averaged over samples.
+def tis_metrics(raw_ratio_BT: Tensor, *, clip_low: float = 0.0, clip_high: float = 2.0) -> dict[str, Tensor]:
+    """Per-token TIS metrics, to be reduced over the loss mask like the loss (`aggregate_loss`).
 
-    Keys (Miles names): `tis` (pre-clamp ratio), `tis_clipfrac` (ratio outside
-    [clip_low, clip_high]), `tis_abs` (|ratio - 1|). Each value is float32 [B].
+    Source: Miles `loss_hub/corrections.py` metric names. Keys, in this order: `tis` (the pre-clamp
+    ratio), `tis_abs` (|ratio - 1|), `tis_clipfrac` (1.0 where the ratio is outside
+    [clip_low, clip_high], else 0.0).
+
+    Args:
+        raw_ratio_BT: [B, T] float32 pre-clamp ratio, the second value of `tis_weights`.
+        clip_low, clip_high: `--tis-clip-low`, `--tis-clip`.
+
+    Returns:
+        name -> float32 [B, T] tensor.
     """
-    clipped_BT = ((raw_ratio_BT < clip_low) | (raw_ratio_BT > clip_high)).float()
-    return {
-        "tis": masked_mean_per_sample(raw_ratio_BT, mask_BT),
-        "tis_clipfrac": masked_mean_per_sample(clipped_BT, mask_BT),
-        "tis_abs": masked_mean_per_sample((raw_ratio_BT - 1).abs(), mask_BT),
-    }
+    clipped_BT = (raw_ratio_BT < clip_low) | (raw_ratio_BT > clip_high)
+    return {"tis": raw_ratio_BT, "tis_abs": (raw_ratio_BT - 1).abs(), "tis_clipfrac": clipped_BT.float()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,15 +343,19 @@ AggregationMode = Literal["token_mean", "sample_mean"]
 
 
 def masked_mean_per_sample(values_BT: Tensor, mask_BT: Tensor) -> Tensor:
-    """Per-sample masked mean, float32 [B]; a sample with no kept token gets 0.0 (count floor 1).
+    """Per-sample masked mean [B]; a sample with no kept token gets 0.0 (count floor 1).
 
-    Miles logs token-level metrics this way, then averages the per-sample values over samples.
-    Masked positions may hold inf/NaN: they are selected away with torch.where.
+    Miles' `get_sum_of_sample_mean` takes these per-sample means and sums them over samples
+    (`aggregate_loss`, sample_mean). The result has the values' dtype when it is floating point,
+    float32 for integer or bool values. Masked positions may hold inf/NaN: they are selected away
+    with torch.where (no NaN value or gradient leaks).
+
+    Raises:
+        ValueError: shape mismatch.
     """
     _check_same_shape(values_BT=values_BT, mask_BT=mask_BT)
     keep_BT = mask_BT.bool()
-    sum_B = torch.where(keep_BT, values_BT.float(), 0.0).sum(dim=-1)
-    return sum_B / keep_BT.sum(dim=-1).clamp(min=1)
+    return torch.where(keep_BT, values_BT, 0.0).sum(dim=-1) / keep_BT.sum(dim=-1).clamp(min=1)
 
 
 def aggregate_loss(
@@ -377,7 +379,7 @@ def aggregate_loss(
         mask_BT: [B, T] loss mask (bool or 0/1).
 
     Returns:
-        0-dim tensor in values' dtype.
+        0-dim tensor in values' dtype (float32 for integer or bool values).
 
     Raises:
         ValueError: unknown mode, denominator <= 0, shape mismatch.
@@ -385,11 +387,8 @@ def aggregate_loss(
     _check_same_shape(values_BT=values_BT, mask_BT=mask_BT)
     if not denominator > 0:
         raise ValueError(f"denominator must be > 0, got {denominator}")
-    keep_BT = mask_BT.bool()
-    kept_BT = torch.where(keep_BT, values_BT, torch.zeros((), dtype=values_BT.dtype, device=values_BT.device))
     if mode == "token_mean":
-        return kept_BT.sum() / denominator
+        return torch.where(mask_BT.bool(), values_BT, 0.0).sum() / denominator
     if mode == "sample_mean":
-        per_sample_B = kept_BT.sum(dim=-1) / keep_BT.sum(dim=-1).clamp(min=1)
-        return per_sample_B.sum() / denominator
+        return masked_mean_per_sample(values_BT, mask_BT).sum() / denominator
     raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: sample_mean, token_mean")

@@ -13,7 +13,6 @@ from grpolab.core.algorithms import (
     entropy_from_logits,
     get_advantage_estimator,
     get_kl_estimator,
-    get_policy_loss,
     grpo_advantages,
     grpo_advantages_reference,
     masked_mean_per_sample,
@@ -28,7 +27,6 @@ from grpolab.core.algorithms import (
 
 def test_registry_lookup_duplicate_and_unknown() -> None:
     assert get_advantage_estimator("grpo") is grpo_advantages
-    assert get_policy_loss("ppo_clip") is policy_loss
     assert set(alg.KL_ESTIMATORS.names()) == {"k1", "k2", "k3", "low_var_kl"}
     with pytest.raises(ValueError, match="already registered"):
         alg.register_advantage_estimator("grpo")(lambda r, g: r)
@@ -241,6 +239,11 @@ def test_masked_mean_per_sample() -> None:
     values = torch.tensor([[1.0, 3.0, float("nan")], [5.0, 0.0, 0.0], [7.0, 7.0, 7.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
     assert torch.equal(masked_mean_per_sample(values, mask), torch.tensor([2.0, 5.0, 0.0]))
+    halves = masked_mean_per_sample(values.bfloat16(), mask)
+    assert halves.dtype == torch.bfloat16 and halves.tolist() == [2.0, 5.0, 0.0]
+    assert masked_mean_per_sample(mask.bool(), mask).tolist() == [1.0, 1.0, 0.0]  # bool values -> float32
+    # the sample_mean loss is the sum of these per-sample means over the window's sample count
+    assert aggregate_loss(values, mask, mode="sample_mean", denominator=4).item() == (2.0 + 5.0 + 0.0) / 4
 
 
 # ------------------------------------------------------------------------------ KL and TIS
@@ -275,10 +278,17 @@ def test_tis_weights_and_metrics() -> None:
     weights, raw = tis_weights(old, torch.zeros_like(old), clip_low=0.6, clip_high=2.0)
     torch.testing.assert_close(raw[0, :3], torch.tensor([3.0, 0.5, 1.0]))
     torch.testing.assert_close(weights, torch.tensor([[2.0, 0.6, 1.0, 2.0]]))
-    metrics = tis_metrics(raw, torch.tensor([[1, 1, 1, 0]]), clip_low=0.6, clip_high=2.0)
-    torch.testing.assert_close(metrics["tis"], torch.tensor([1.5]))
-    torch.testing.assert_close(metrics["tis_clipfrac"], torch.tensor([2 / 3]))
-    torch.testing.assert_close(metrics["tis_abs"], torch.tensor([(2.0 + 0.5 + 0.0) / 3]))
+    metrics = tis_metrics(raw, clip_low=0.6, clip_high=2.0)
+    assert list(metrics) == ["tis", "tis_abs", "tis_clipfrac"]
+    assert metrics["tis"] is raw
+    torch.testing.assert_close(metrics["tis_abs"][0, :3], torch.tensor([2.0, 0.5, 0.0]))
+    assert metrics["tis_clipfrac"].tolist() == [[1.0, 1.0, 0.0, 1.0]]  # exp(9) > 2 is clipped too
+    # reduced over the loss mask like the loss: per-sample mean over the 3 kept tokens
+    mask = torch.tensor([[1, 1, 1, 0]])
+    means = {k: aggregate_loss(v, mask, mode="sample_mean", denominator=1) for k, v in metrics.items()}
+    torch.testing.assert_close(means["tis"], torch.tensor(1.5))
+    torch.testing.assert_close(means["tis_clipfrac"], torch.tensor(2 / 3))
+    torch.testing.assert_close(means["tis_abs"], torch.tensor((2.0 + 0.5 + 0.0) / 3))
     with pytest.raises(ValueError, match="tis-clip"):
         tis_weights(old, old, clip_low=3.0, clip_high=2.0)
 
