@@ -16,24 +16,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from grpolab.core.dtypes import parse_dtype  # noqa: F401 (the loop and the UI import it here)
+
 hf_logging.disable_progress_bar()  # "Loading weights" bars would drown the run's own output
-
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-
-
-def parse_dtype(name: str, flag: str) -> torch.dtype:
-    """Map a dtype flag value ("float32", "bfloat16", "float16") to a torch dtype.
-
-    Raises:
-        ValueError: naming `flag` and the valid names when `name` is unknown.
-    """
-    if name not in DTYPES:
-        raise ValueError(f"{flag}: unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
-    return DTYPES[name]
 
 
 def _split_checkpoint(path: str | Path) -> tuple[Path, dict]:
