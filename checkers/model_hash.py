@@ -11,21 +11,20 @@ Like Miles, a rank hashes what it holds: a DTensor (FSDP2) contributes its local
 checked hashes must come from the same world size.
 
 `diff_checkpoints` streams two checkpoints (safetensors, tensor by tensor) and names the first
-differing layer and, per differing tensor, the max abs difference and the shapes.
+differing layer and, per differing tensor, the max abs difference and the shapes (the command itself:
+`checkers/hash_command.py`).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import re
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -408,24 +407,3 @@ def diff_to_json(diff: HashDiff) -> dict[str, Any]:
         **{k: getattr(diff, k) for k in keys},
         "tensors": tensors,
     }
-
-
-def run_hash_command(
-    args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
-) -> int:
-    """Run `hash diff`: 0 identical, 1 different (with a table), 2 bad input (message names the path)."""
-    out = out or sys.stdout
-    err = err or sys.stderr
-    try:
-        if args.hash_command != "diff":
-            raise HashInputError(f"unknown hash command {args.hash_command!r}")
-        diff = diff_checkpoints(args.a, args.b)
-    except (HashInputError, OSError) as e:
-        print(f"grpolab hash {args.hash_command}: error: {e}", file=err)
-        return 2
-    if args.json:
-        print(json.dumps(diff_to_json(diff), indent=2), file=out)
-    else:
-        for line in format_diff(diff):
-            print(line, file=out)
-    return 0 if diff.identical else 1

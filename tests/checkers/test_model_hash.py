@@ -13,16 +13,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpolab.checkers.errors import CheckFailure
+from grpolab.checkers.hash_command import add_hash_parser, run_hash_command
 from grpolab.checkers.model_hash import (
     HashInputError,
     check_model_hash,
     diff_checkpoints,
     layer_bucket,
     layer_hashes,
-    run_hash_command,
     save_model_hash,
 )
-from grpolab.cli import add_hash_parser
 
 
 @pytest.mark.parametrize(

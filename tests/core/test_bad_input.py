@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from runs import SMALL, events, run
 
 from grpolab.cli import main
@@ -35,12 +36,15 @@ def test_model_fingerprint_ignores_where_the_model_lives(tiny_model_dir: Path, t
         (["--load", "/nonexistent/ckpt"], "--load /nonexistent/ckpt: no such directory"),
         (["--seed", "-1"], "--seed must be a non-negative integer"),
         (["--train-dtype", "float16"], "--train-dtype must be one of"),
-        (["--device", "cuda"], "has no CUDA device"),
+        (["--device", "cuda"], "--device cuda: this torch build or machine has no CUDA device"),
     ],
 )
 def test_flags_rejected_at_parse_time(argv: list[str], needle: str, capsys) -> None:
-    with pytest.raises(SystemExit):
+    if argv == ["--device", "cuda"] and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(SystemExit) as info:
         main(["train", *argv])
+    assert info.value.code == 2
     assert needle in capsys.readouterr().err
 
 

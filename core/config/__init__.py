@@ -1,0 +1,166 @@
+"""Run configuration: one keyword-only dataclass per component, validated on construction.
+
+Field names follow Miles flags (`--rollout-batch-size` -> `rollout_batch_size`); the string after each
+field is its documentation and the help text of its `grpolab train` flag, and its default is the one
+default of the run: `core/config/flags.py` generates the flags from these classes (field metadata
+`flag` names the few flags whose Miles name differs). Every check raises ValueError naming the flag
+and what was expected; valid names come from the registries that use them (KL and advantage
+estimators in core/algorithms.py, dtypes in core/dtypes.py). No check depends on this machine's
+hardware, so `Config.from_dict` reads any run's run.json anywhere; `grpolab train` checks the device
+when it starts (core/launch.py). `Config.to_dict()` is what run.json stores as the resolved config.
+
+Sections: `generation` (model, data, rollout, reward, eval), `training` (algorithm, optimizer,
+colocate, checkpoint), `debugging` (debug, ci) and `RunConfig` below. Importing this package imports
+no torch; constructing a config imports the registries (and so torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpolab.core.config.debugging import CIConfig, DebugConfig
+from grpolab.core.config.generation import (
+    DEFAULT_CHECKPOINT,
+    DEFAULT_PROMPT_DATA,
+    FIXTURES_DIR,
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    RewardConfig,
+    RolloutConfig,
+)
+from grpolab.core.config.training import AlgorithmConfig, CheckpointConfig, ColocateConfig, OptimizerConfig
+from grpolab.core.config.validation import require
+
+__all__ = [
+    "DEFAULT_CHECKPOINT",
+    "DEFAULT_PROMPT_DATA",
+    "FIXTURES_DIR",
+    "MIN_GPU_SAMPLE_INTERVAL_S",
+    "AlgorithmConfig",
+    "CIConfig",
+    "CheckpointConfig",
+    "ColocateConfig",
+    "Config",
+    "DataConfig",
+    "DebugConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "sections",
+]
+
+MIN_GPU_SAMPLE_INTERVAL_S = 0.1
+"""grpolab's floor for `--gpu-sample-interval` (seconds): NVML's utilization is measured over a sample
+period "between 1 second and 1/6 second, depending on the product" (NVML API reference,
+nvmlUtilization_t), so sampling faster than 0.1 s reads the same figures again while gpu.jsonl grows
+(one line per GPU per sample); gpustat uses the same 0.1 s floor."""
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """The run itself: its directory, seed, threads and what it prints and samples."""
+
+    run_dir: str | None = None
+    """Run directory (default runs/<time>-s<seed>)."""
+    seed: int = 1234
+    """Run seed (a non-negative integer below 2**63)."""
+    num_threads: int | None = None
+    """Torch CPU intra-op threads, pinned (results differ between thread counts on CPU: pin for
+    bitwise-reproducible CPU runs)."""
+    show_progress: bool = field(default=True, metadata={"flag": "--progress"})
+    """Progress bar during generation."""
+    debug_deterministic_collective: bool = False
+    """Fold SUM/AVG reductions in a fixed order (det_gloo/det_nccl backend, deterministic algorithms,
+    1 thread unless --num-threads); slow, for bitwise comparisons."""
+    gpu_sample_interval: float = 1.0
+    """Seconds between NVML samples written to gpu.jsonl (0 disables, else >= 0.1; nothing is sampled
+    without an NVIDIA driver).
+
+    The floor is MIN_GPU_SAMPLE_INTERVAL_S."""
+
+    def __post_init__(self) -> None:
+        require(0 <= self.seed < 2**63, f"--seed must be a non-negative integer below 2**63, got {self.seed}")
+        require(
+            self.num_threads is None or self.num_threads >= 1,
+            f"--num-threads must be >= 1, got {self.num_threads}",
+        )
+        interval = self.gpu_sample_interval
+        require(
+            interval == 0 or MIN_GPU_SAMPLE_INTERVAL_S <= interval < math.inf,
+            f"--gpu-sample-interval must be 0 (no GPU sampling) or a finite number of seconds >= "
+            f"{MIN_GPU_SAMPLE_INTERVAL_S:g}, got {interval:g} (NVML's utilization covers a sample period of "
+            "1/6 s to 1 s, so faster sampling repeats its readings and only grows gpu.jsonl)",
+        )
+
+
+@dataclass(kw_only=True)
+class Config:
+    """The whole resolved configuration of a run: one section per component."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    colocate: ColocateConfig = field(default_factory=ColocateConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    ci: CIConfig = field(default_factory=CIConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        samples = self.rollout.samples_per_rollout
+        if self.optimizer.global_batch_size is None:
+            self.optimizer.global_batch_size = samples
+        gbs = self.optimizer.global_batch_size
+        require(
+            self.ci.ci_metric_checker_key is None or bool(self.eval.eval_prompt_data),
+            "--ci-metric-checker-key needs an eval: set --eval-interval and --eval-prompt-data NAME PATH",
+        )
+        require(
+            samples % gbs == 0,
+            f"--global-batch-size {gbs} must divide the rollout's samples: --rollout-batch-size "
+            f"{self.rollout.rollout_batch_size} × --n-samples-per-prompt {self.rollout.n_samples_per_prompt} = {samples}",
+        )
+
+    @property
+    def steps_per_rollout(self) -> int:
+        """Optimizer steps per rollout = samples per rollout / global batch size."""
+        assert self.optimizer.global_batch_size is not None
+        return self.rollout.samples_per_rollout // self.optimizer.global_batch_size
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Nested plain dict, component name → field → value (JSON-serializable)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, dict[str, Any]]) -> Config:
+        """Inverse of `to_dict`, as strict as the flags (the hardware is not checked, see the module).
+
+        Raises:
+            ValueError: an unknown section or field (named), or a value a section rejects.
+        """
+        kwargs = {}
+        for name, component in sections().items():
+            section = dict(data.get(name, {}))
+            known = {g.name for g in dataclasses.fields(component)}
+            unknown = set(section) - known
+            require(not unknown, f"config section {name!r} has unknown fields {sorted(unknown)}")
+            kwargs[name] = component(**section)
+        extra = set(data) - set(kwargs)
+        require(not extra, f"config has unknown sections {sorted(extra)}")
+        return cls(**kwargs)
+
+
+def sections() -> dict[str, type]:
+    """Section name (a `Config` field, e.g. "optimizer") → its dataclass, in `Config` field order."""
+    return {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]

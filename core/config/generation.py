@@ -1,0 +1,190 @@
+"""Config sections of what is generated and scored: model, prompt data, rollouts, reward, eval.
+
+The string after each field is its documentation and the help text of its `grpolab train` flag.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpolab.core.config.validation import require
+
+FIXTURES_DIR = Path(__file__).resolve().parent.parent.parent / "fixtures"
+DEFAULT_CHECKPOINT = FIXTURES_DIR / "tiny-qwen3"
+DEFAULT_PROMPT_DATA = FIXTURES_DIR / "data" / "arithmetic_train.jsonl"
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Which weights to load, in which precision, on which device."""
+
+    hf_checkpoint: str = str(DEFAULT_CHECKPOINT)
+    """Model directory (save_pretrained layout) or a .gguf file (default: the tiny fixture model)."""
+    rollout_dtype: str = "float32"
+    """Engine parameter dtype: float32 | bfloat16.
+
+    The valid names are core/dtypes.py's DTYPES (validated against it; a test checks the list above)."""
+    train_dtype: str = "float32"
+    """Trainer parameter dtype: float32 | bfloat16 (log-probs are always computed in float32).
+
+    The valid names are core/dtypes.py's DTYPES, as for rollout_dtype."""
+    device: str = "cpu"
+    """cpu or cuda[:N]; engine and trainer are colocated on it.
+
+    Whether this machine has the device is checked when `grpolab train` starts (core/launch.py), not
+    here, so a GPU run's run.json reads back on any machine."""
+
+    def __post_init__(self) -> None:
+        from grpolab.core.dtypes import parse_dtype
+
+        parse_dtype(self.rollout_dtype, "--rollout-dtype")  # ValueError lists the valid names
+        parse_dtype(self.train_dtype, "--train-dtype")
+        require(
+            self.device.split(":")[0] in ("cpu", "cuda"),
+            f"--device must be cpu or cuda[:N], got {self.device!r}",
+        )
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Prompt dataset (.jsonl or .parquet)."""
+
+    prompt_data: str | None = None
+    """Prompts, a .jsonl or .parquet file (default: the built-in arithmetic set,
+    fixtures/data/arithmetic_train.jsonl).
+
+    None (not given) is resolved to that path, after it has decided `apply_chat_template`, so run.json
+    always names a file."""
+    input_key: str = "question"
+    """Field holding the prompt text (or a list of chat messages)."""
+    label_key: str = "answer"
+    """Field holding the reference answer passed to the reward function."""
+    apply_chat_template: bool | None = None
+    """Wrap prompts in the tokenizer's chat template (default: on for the built-in prompt set, off for
+    --prompt-data)."""
+    rollout_shuffle: bool = True
+    """Shuffle prompts each epoch (seeded by --seed and the epoch)."""
+
+    def __post_init__(self) -> None:
+        if self.apply_chat_template is None:
+            self.apply_chat_template = self.prompt_data is None
+        if self.prompt_data is None:
+            self.prompt_data = str(DEFAULT_PROMPT_DATA)
+        require(bool(self.input_key), "--input-key must not be empty")
+        require(bool(self.label_key), "--label-key must not be empty")
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """How many prompts and answers each rollout produces and how they are sampled."""
+
+    num_rollout: int = 8
+    """Number of rollouts (= GRPO iterations) in the run."""
+    rollout_batch_size: int = 8
+    """Prompts per rollout."""
+    n_samples_per_prompt: int = 8
+    """Answers per prompt (the GRPO group size)."""
+    rollout_max_response_len: int = 32
+    """Generation cap in tokens; answers that hit it are truncated."""
+    rollout_temperature: float = 1.0
+    """Sampling temperature (> 0)."""
+    rollout_top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    rollout_top_k: int = 0
+    """Top-k sampling (0 disables; Miles uses -1 for the same, which is read as 0)."""
+    engine_failure_timeout: float = 60.0
+    """Seconds of failed engine calls and health checks before the run stops with an error naming the
+    engine (never retry forever: Miles 101 manual, section 1.2)."""
+
+    def __post_init__(self) -> None:
+        require(
+            0 < self.engine_failure_timeout < math.inf,
+            f"--engine-failure-timeout must be a finite number of seconds > 0, got {self.engine_failure_timeout}",
+        )
+        require(self.num_rollout >= 1, f"--num-rollout must be >= 1, got {self.num_rollout}")
+        require(
+            self.rollout_batch_size >= 1, f"--rollout-batch-size must be >= 1, got {self.rollout_batch_size}"
+        )
+        require(
+            self.n_samples_per_prompt >= 1,
+            f"--n-samples-per-prompt must be >= 1, got {self.n_samples_per_prompt}",
+        )
+        require(
+            self.rollout_max_response_len >= 1,
+            f"--rollout-max-response-len must be >= 1, got {self.rollout_max_response_len}",
+        )
+        require(
+            self.rollout_temperature > 0, f"--rollout-temperature must be > 0, got {self.rollout_temperature}"
+        )
+        require(0 < self.rollout_top_p <= 1, f"--rollout-top-p must be in (0, 1], got {self.rollout_top_p}")
+        if self.rollout_top_k < 0:
+            self.rollout_top_k = 0
+
+    @property
+    def samples_per_rollout(self) -> int:
+        """rollout_batch_size × n_samples_per_prompt."""
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+
+@dataclass(kw_only=True)
+class RewardConfig:
+    """Reward model selection: a built-in reward or a custom function."""
+
+    rm_type: str | None = "math"
+    """Built-in reward: math (#### N, else the last number) | boxed_math."""
+    custom_rm_path: str | None = None
+    """pkg.module.function reward, sync or async (replaces --rm-type)."""
+    group_rm: bool = False
+    """The custom reward scores a whole group at once (needs --custom-rm-path)."""
+    reward_key: str | None = None
+    """Key to read when the reward function returns a dict."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.rm_type is not None or self.custom_rm_path is not None,
+            "one of --rm-type or --custom-rm-path is required",
+        )
+        require(
+            not self.group_rm or self.custom_rm_path is not None,
+            "--group-rm needs --custom-rm-path (a function scoring a whole group)",
+        )
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    """Held-out evaluation on named prompt sets."""
+
+    eval_interval: int | None = None
+    """Evaluate before rollouts whose id is a multiple of this, and after the last rollout."""
+    eval_prompt_data: list[str] = field(default_factory=list, metadata={"metavar": "NAME PATH"})
+    """Held-out prompt sets as NAME PATH pairs; metric eval/<NAME> is the mean reward."""
+    n_samples_per_eval_prompt: int = 1
+    """Answers per eval prompt."""
+    eval_max_prompts: int | None = None
+    """Use at most this many prompts of each eval set (file order)."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.eval_interval is None or self.eval_interval >= 1,
+            f"--eval-interval must be >= 1, got {self.eval_interval}",
+        )
+        require(
+            len(self.eval_prompt_data) % 2 == 0,
+            f"--eval-prompt-data takes NAME PATH pairs, got {len(self.eval_prompt_data)} values: {self.eval_prompt_data}",
+        )
+        require(
+            self.eval_interval is None or bool(self.eval_prompt_data),
+            "--eval-interval needs --eval-prompt-data NAME PATH",
+        )
+        require(self.n_samples_per_eval_prompt >= 1, "--n-samples-per-eval-prompt must be >= 1")
+        require(
+            self.eval_max_prompts is None or self.eval_max_prompts >= 1, "--eval-max-prompts must be >= 1"
+        )
+
+    @property
+    def datasets(self) -> list[tuple[str, str]]:
+        """(name, path) pairs."""
+        it = iter(self.eval_prompt_data)
+        return list(zip(it, it))

@@ -1,0 +1,152 @@
+"""Config sections of the training side: the loss, the optimizer, colocation and checkpoints.
+
+The string after each field is its documentation and the help text of its `grpolab train` flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpolab.core.config.validation import require
+
+
+@dataclass(kw_only=True)
+class AlgorithmConfig:
+    """GRPO advantages and the PPO-style loss (Miles notes 5.1-5.7)."""
+
+    advantage_estimator: str = "grpo"
+    """Advantage estimator: grpo.
+
+    The valid names are core/algorithms.py's ADVANTAGE_ESTIMATORS (validated against it; a test checks
+    the list above)."""
+    disable_grpo_std_normalization: bool = False
+    """Dr.GRPO: subtract the group mean only (no division by the group's std)."""
+    eps_clip: float = 0.2
+    """PPO clip range."""
+    eps_clip_high: float | None = None
+    """Upper clip (default: --eps-clip, as in Miles)."""
+    eps_clip_c: float | None = None
+    """Dual-clip constant (> 1); unset disables dual clipping."""
+    use_kl_loss: bool = False
+    """Add the KL to the reference model to the loss."""
+    kl_loss_coef: float = 0.0
+    """KL loss coefficient (>= 0)."""
+    kl_loss_type: str = "k1"
+    """KL estimator: k1 | k2 | k3 | low_var_kl.
+
+    The valid names are core/algorithms.py's KL_ESTIMATORS (validated against it; a test checks the
+    list above)."""
+    use_tis: bool = False
+    """Truncated importance sampling against the engine's log-probs."""
+    tis_clip: float = 2.0
+    """TIS upper clip."""
+    tis_clip_low: float = 0.0
+    """TIS lower clip (0 <= low < --tis-clip)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    calculate_per_token_loss: bool = False
+    """Token mean over the optimizer window instead of the sample mean."""
+
+    def __post_init__(self) -> None:
+        from grpolab.core.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
+
+        ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)  # ValueError names the flag and lists the names
+        require(self.eps_clip > 0, f"--eps-clip must be > 0, got {self.eps_clip}")
+        if self.eps_clip_high is None:
+            self.eps_clip_high = self.eps_clip
+        require(self.eps_clip_high > 0, f"--eps-clip-high must be > 0, got {self.eps_clip_high}")
+        require(
+            self.eps_clip_c is None or self.eps_clip_c > 1, f"--eps-clip-c must be > 1, got {self.eps_clip_c}"
+        )
+        KL_ESTIMATORS.get(self.kl_loss_type)
+        require(self.kl_loss_coef >= 0, f"--kl-loss-coef must be >= 0, got {self.kl_loss_coef}")
+        require(
+            0 <= self.tis_clip_low < self.tis_clip,
+            f"--tis-clip-low/--tis-clip must satisfy 0 <= low < high, got {self.tis_clip_low}, {self.tis_clip}",
+        )
+
+
+@dataclass(kw_only=True)
+class OptimizerConfig:
+    """Batching into optimizer steps and the AdamW optimizer (constant learning rate)."""
+
+    global_batch_size: int | None = None
+    """Samples per optimizer step (default: all samples of a rollout, one step per rollout)."""
+    micro_batch_size: int = 16
+    """Samples per forward/backward; does not change the objective."""
+    lr: float = 2e-4
+    """AdamW learning rate."""
+    clip_grad: float = 1.0
+    """Gradient norm clip (0 disables)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1, the decay of the gradient's running mean, in [0, 1)."""
+    adam_beta2: float = 0.98
+    """AdamW beta2, the decay of the squared gradient's running mean, in [0, 1)."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon added to the denominator (>= 0)."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.global_batch_size is None or self.global_batch_size >= 1,
+            f"--global-batch-size must be >= 1, got {self.global_batch_size}",
+        )
+        require(self.micro_batch_size >= 1, f"--micro-batch-size must be >= 1, got {self.micro_batch_size}")
+        require(self.lr >= 0, f"--lr must be >= 0, got {self.lr}")
+        require(self.clip_grad >= 0, f"--clip-grad must be >= 0 (0 disables), got {self.clip_grad}")
+        require(self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
+        for flag, beta in (("--adam-beta1", self.adam_beta1), ("--adam-beta2", self.adam_beta2)):
+            require(0 <= beta < 1, f"{flag} must be in [0, 1), got {beta}")  # torch.optim.AdamW's own ranges
+        require(self.adam_eps >= 0, f"--adam-eps must be >= 0, got {self.adam_eps}")
+
+
+@dataclass(kw_only=True)
+class ColocateConfig:
+    """Engine and trainer share the devices; state is offloaded around each phase."""
+
+    colocate: bool = True
+    """Engine and trainer share devices (offload around phases)."""
+    offload_train: bool = True
+    """Offload trainer state during rollout."""
+    offload_rollout: bool = True
+    """Release engine memory during training."""
+    update_weight_buffer_size: int = 512 * 1024**2
+    """Bytes per weight-sync bucket (Miles default 512 MiB)."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.update_weight_buffer_size >= 1,
+            f"--update-weight-buffer-size must be >= 1 byte, got {self.update_weight_buffer_size}",
+        )
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Checkpoints: where to save, how often, where to resume from."""
+
+    save: str | None = None
+    """Checkpoint directory."""
+    load: str | None = None
+    """Resume from the newest checkpoint here (an iter_* directory also works; an existing empty
+    directory starts fresh; a missing path is an error)."""
+    save_interval: int | None = None
+    """Save every N rollouts (and at the end); needs --save."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.save_interval is None or self.save_interval >= 1,
+            f"--save-interval must be >= 1, got {self.save_interval}",
+        )
+        require(self.save_interval is None or self.save is not None, "--save-interval needs --save DIR")
+        if self.save is not None:
+            require(
+                not Path(self.save).is_file(),
+                f"--save {self.save}: is a file; expected a directory for checkpoints",
+            )
+        if self.load is not None:
+            require(
+                Path(self.load).is_dir(),
+                f"--load {self.load}: no such directory (give the --save directory of a run; an existing empty directory starts fresh)",
+            )

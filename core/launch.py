@@ -1,0 +1,103 @@
+"""Starting `grpolab train` on this machine: the device check and the torchrun re-launch for N ranks.
+
+`--nproc-per-node N` re-runs the same command under torchrun (`torch.distributed.run --standalone`)
+and forwards SIGTERM/SIGHUP to it. The device check lives here, not in the config, because it is a
+fact about this machine, not about the run: a GPU run's run.json must read back on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+
+
+def add_launch_flags(parser: argparse.ArgumentParser) -> None:
+    """Add `--nproc-per-node N` (ranks on this machine through torchrun) to the `train` parser."""
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="run N ranks on this machine through torchrun (the same as `torchrun --nproc-per-node N -m grpolab train ...`)",
+    )
+
+
+def check_device(device: str) -> None:
+    """Check that `device` ("cpu", "cuda" or "cuda:N", as `--device` allows) exists on this machine.
+
+    Imports torch only for a CUDA device.
+
+    Raises:
+        ValueError: a CUDA device on a torch build or machine without CUDA (the message names --device).
+    """
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch build or machine has no CUDA device")
+
+
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """The torchrun command line that runs `grpolab train` (argv[0] == "train") with `nproc` ranks.
+
+    Every `--nproc-per-node` of `argv` is dropped (the ranks must not re-launch).
+    """
+    rest, skip = [], False
+    for a in argv[1:]:  # argv[0] is "train"
+        if skip or a.startswith("--nproc-per-node="):
+            skip = False
+            continue
+        if a == "--nproc-per-node":
+            skip = True
+            continue
+        rest.append(a)
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "grpolab",
+        "train",
+        *rest,
+    ]
+
+
+def launch_torchrun(nproc: int, argv: list[str]) -> int:
+    """Re-run this `grpolab train` command under torchrun with `nproc` ranks; return its exit code.
+
+    Returns 2 (with a message on stderr naming the flag) when `nproc` < 1.
+    """
+    if nproc < 1:
+        print(f"grpolab train: error: --nproc-per-node must be >= 1, got {nproc}", file=sys.stderr)
+        return 2
+    return run_forwarding_signals(torchrun_command(nproc, argv))
+
+
+def run_forwarding_signals(cmd: list[str]) -> int:
+    """Run `cmd` and pass SIGTERM/SIGHUP sent to this wrapper on to it; return its exit code.
+
+    So `kill`, a watchdog's `--stop-pid` or a scheduler stops the whole torchrun world, not only the
+    wrapper (torchrun then stops its ranks, which write status `interrupted`). SIGINT is not
+    forwarded: Ctrl+C in a terminal already reaches torchrun through the foreground process group.
+    """
+    proc = subprocess.Popen(cmd)
+
+    def forward(signum: int, _frame: object) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    forwarded = (signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, forward) for s in forwarded}
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                continue  # torchrun got the same Ctrl+C and is stopping its ranks: wait for it
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
