@@ -31,7 +31,7 @@ from pathlib import Path
 
 from _common import machine, median
 
-from grpolab.diagnose.pyspy import find_py_spy
+from grpolab.diagnose.hang.pyspy import find_py_spy
 from grpolab.fixtures.hangs import launch_hang_world, stop_hang_world, wait_until_hung
 
 

@@ -1,7 +1,7 @@
 """`grpolab diagnose hang|log|gpu` and `grpolab watchdog`: argument wiring only.
 
-Each command's flags and behaviour live in its own module (hang.py, logdoctor.py, gpu.py,
-watchdog.py); this file only attaches them to the `grpolab` parser. None of these modules imports
+Each command's flags and behaviour live in its own module (hang/command.py, logdoctor/command.py, gpu/sampler.py,
+watchdog/command.py); this file only attaches them to the `grpolab` parser. None of these modules imports
 torch at import time, so `grpolab diagnose log` on a 150 MB log stays small.
 """
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from grpolab.diagnose import gpu_throttle
+from grpolab.diagnose.gpu import throttle as gpu_throttle
 
 NAMESPACES = ("rollout/", "train/", "perf/", "eval/")
 """Metric namespaces offered on the Compare page (Miles' names)."""
@@ -214,7 +214,7 @@ def throttle_times(gpu: pd.DataFrame) -> np.ndarray:
     """Unix times (s) of gpu.jsonl samples that saw a thermal or power throttle, sorted; empty when
     the run has no gpu.jsonl or no throttle.
 
-    The rule is grpolab.diagnose.gpu_throttle.sample_is_throttled: the `throttle` field when set,
+    The rule is grpolab.diagnose.gpu.throttle.sample_is_throttled: the `throttle` field when set,
     else the thermal/power names in `throttle_reasons` (gpu_idle and clock settings are not
     throttles).
     """
@@ -226,7 +226,7 @@ def throttle_times(gpu: pd.DataFrame) -> np.ndarray:
 def clean_steps(frame: pd.DataFrame, marks: np.ndarray) -> pd.Series:
     """Which perf rows are clean: no throttle mark inside [time − perf/step_time, time].
 
-    Manual 5.3's timing rule (grpolab.diagnose.gpu_throttle.clean_step_mask, no margin): a step
+    Manual 5.3's timing rule (grpolab.diagnose.gpu.throttle.clean_step_mask, no margin): a step
     counts when its window overlaps no throttle. The window ends at the perf line's time and lasts
     `perf/step_time` (`perf/rollout_time` when no step time; a NaN length counts as 0).
 

@@ -35,8 +35,7 @@ import numpy as np
 import pandas as pd
 
 from grpolab.diagnose.gpu import GPU_FILE
-from grpolab.diagnose.logscan import FileScan, scan_file
-from grpolab.diagnose.run_outcome import read_run_outcome
+from grpolab.diagnose.logdoctor import FileScan, read_run_outcome, scan_file
 from grpolab.replay.recording import RolloutRecording, load_rollout
 from grpolab.rundir.foreign_logs import ParsedLog, parse_file
 from grpolab.ui import discovery, logprob_gap, readers
@@ -369,7 +368,7 @@ class RunStore:
 
     def read_log_findings(self, run_id: str) -> FileScan | None:
         """The log doctor's findings on `log_file(run_id)` (`grpolab diagnose log`, rules of
-        grpolab.diagnose.logrules), evidence named by the file's name; None when there is no such
+        grpolab.diagnose.logdoctor.rules), evidence named by the file's name; None when there is no such
         file. Cached until the file's (size, mtime) changes; `error` is set when it cannot be read."""
         log = self.log_file(run_id)
         return self._cached(log, "logscan", _scan_log) if log.is_file() else None

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from grpolab.diagnose.hang import add_hang_arguments, run_hang_command
-from grpolab.diagnose.hang_targets import proc_cmdline, proc_env_rank
+from grpolab.diagnose.hang.targets import proc_cmdline, proc_env_rank
 
 FAKE_PY_SPY = """#!/bin/sh
 # A stand-in for py-spy: `--version`, and `dump --json --pid PID [--native]` answered from $FAKE_PYSPY_DIR:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.diagnose.classify import VERDICT_KINDS, classify, render_table
-from grpolab.diagnose.frames import find_collective, is_library_frame
-from grpolab.diagnose.rank_rows import RankObservation
-from grpolab.diagnose.stacks import Frame, ProcessStack, ThreadStack, parse_pyspy
+from grpolab.diagnose.hang.stacks import Frame, ProcessStack, ThreadStack, parse_pyspy
+from grpolab.diagnose.hang.verdict.classify import VERDICT_KINDS, classify, render_table
+from grpolab.diagnose.hang.verdict.frames import find_collective, is_library_frame
+from grpolab.diagnose.hang.verdict.rank_rows import RankObservation
 
 PYSPY = Path(__file__).resolve().parents[2] / "fixtures" / "pyspy"
 C10D = "torch/distributed/distributed_c10d.py"

@@ -18,9 +18,11 @@ import pytest
 import runs
 
 from grpolab.cli import main
-from grpolab.diagnose import gpu, nvml
-from grpolab.diagnose.gpu import GpuSampler, start_run_sampler
-from grpolab.diagnose.gpu_throttle import (
+from grpolab.diagnose import gpu
+from grpolab.diagnose.gpu import GpuSampler, nvml, start_run_sampler
+from grpolab.diagnose.gpu import sampler as gpu_sampler
+from grpolab.diagnose.gpu.nvml import NoNvidiaDriver, NvmlSession
+from grpolab.diagnose.gpu.throttle import (
     CLOCK_REASONS,
     clean_step_mask,
     decode_clock_reasons,
@@ -29,7 +31,6 @@ from grpolab.diagnose.gpu_throttle import (
     throttle_kinds,
     throttle_times,
 )
-from grpolab.diagnose.nvml import NoNvidiaDriver, NvmlSession
 
 
 def _nvml_works() -> bool:
@@ -479,7 +480,7 @@ def test_sampler_off_when_nvml_sees_no_gpu(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_no_driver_here_logs_once_and_writes_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert gpu.log.name == "grpolab"  # core.rundir.LOGGER_NAME
+    assert gpu_sampler.log.name == "grpolab"  # rundir.writer.LOGGER_NAME
     sampler = GpuSampler(tmp_path / "gpu.jsonl", 0.01)
     with caplog.at_level(logging.DEBUG, logger="grpolab"):
         assert sampler.start() is False

@@ -20,11 +20,10 @@ from pathlib import Path
 import pytest
 from hang_fakes import ALL_REDUCE, STALE_S, FakeWorld, cli, run_json
 
-from grpolab.diagnose import pyspy
-from grpolab.diagnose.hang import add_hang_arguments, run_hang_command
-from grpolab.diagnose.hang_match import ranks_from_match
-from grpolab.diagnose.hang_progress import decide_progress
-from grpolab.diagnose.hang_targets import (
+from grpolab.diagnose.hang import add_hang_arguments, pyspy, run_hang_command
+from grpolab.diagnose.hang.match import ranks_from_match
+from grpolab.diagnose.hang.progress import decide_progress
+from grpolab.diagnose.hang.targets import (
     InspectError,
     is_alive,
     proc_parent,

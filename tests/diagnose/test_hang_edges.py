@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from hang_fakes import ALL_REDUCE, STALE_S, FakeWorld, cli, kill_after_first_dump, run_json
 
+from grpolab.diagnose.common.procfs import proc_start_time, started_after
 from grpolab.diagnose.hang import run_hang_command
-from grpolab.diagnose.hang_match import ranks_from_match
-from grpolab.diagnose.hang_targets import InspectError
-from grpolab.diagnose.procfs import proc_start_time, started_after
+from grpolab.diagnose.hang.match import ranks_from_match
+from grpolab.diagnose.hang.targets import InspectError
 
 PEER_ERROR = (
     "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "

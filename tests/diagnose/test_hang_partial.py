@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from hang_fakes import ALL_REDUCE, FakeWorld, cli, kill_after_first_dump, run_json
 
+from grpolab.diagnose.common.procfs import is_alive, proc_cmdline, proc_env_rank, proc_parent
 from grpolab.diagnose.hang import run_hang_command
-from grpolab.diagnose.hang_match import ranks_from_match
-from grpolab.diagnose.procfs import is_alive, proc_cmdline, proc_env_rank, proc_parent
+from grpolab.diagnose.hang.match import ranks_from_match
 
 
 # --------------------------------------------------------------------------------- a rank elsewhere

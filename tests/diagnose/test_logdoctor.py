@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.diagnose.dead_engine import WatchdogRule, error_times, replay_rule
+from grpolab.diagnose.common.dead_engine import WatchdogRule, error_times, replay_rule
 from grpolab.diagnose.logdoctor import main
-from grpolab.diagnose.logrules import RuleOptions, trim_line
-from grpolab.diagnose.logscan import scan_file
-from grpolab.diagnose.needles import NeedleFinder
-from grpolab.diagnose.rules_metrics import metric_value
-from grpolab.diagnose.ruleset import LogRules
+from grpolab.diagnose.logdoctor.model import RuleOptions, trim_line
+from grpolab.diagnose.logdoctor.needles import NeedleFinder
+from grpolab.diagnose.logdoctor.rules.metrics import metric_value
+from grpolab.diagnose.logdoctor.ruleset import LogRules
+from grpolab.diagnose.logdoctor.scan import scan_file
 
 REPO = Path(__file__).resolve().parents[2]
 LOGS = REPO / "fixtures" / "logs"
@@ -328,8 +328,8 @@ def test_bucket_counting_matches_a_per_line_replay(tmp_path, chunk):
 
 @pytest.mark.parametrize(("interval", "window"), [(30, 60), (20, 50), (15, 15), (45, 60)])
 def test_buckets_give_every_check_its_exact_count(interval, window):
-    from grpolab.diagnose.dead_engine import count_in_window
-    from grpolab.diagnose.rules_dead_engine import EngineErrors
+    from grpolab.diagnose.common.dead_engine import count_in_window
+    from grpolab.diagnose.logdoctor.rules.dead_engine import EngineErrors
 
     rnd = random.Random(interval * 100 + window)
     rule = WatchdogRule(interval=interval, window=window)
@@ -470,7 +470,7 @@ def test_needle_finder_finds_every_occurrence():
 
 
 def test_rules_are_registered_by_id():
-    from grpolab.diagnose.logrules import RULES, Rule, register
+    from grpolab.diagnose.logdoctor.model import RULES, Rule, register
 
     assert set(RULES.names()) == {
         "reward_module_missing",

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from grpolab.diagnose.common.wording import plural
 from grpolab.diagnose.logdoctor import main
-from grpolab.diagnose.logscan import scan_file
-from grpolab.diagnose.logsniff import NotATextLog, not_text_reason
-from grpolab.diagnose.wording import plural
+from grpolab.diagnose.logdoctor.scan import scan_file
+from grpolab.diagnose.logdoctor.sniff import NotATextLog, not_text_reason
 
 REPO = Path(__file__).resolve().parents[2]
 LOG = REPO / "fixtures" / "logs" / "miles_ray_oom.log"

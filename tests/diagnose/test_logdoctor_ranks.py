@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from grpolab.diagnose.common.rank_errors import RankError
 from grpolab.diagnose.logdoctor import main as doctor
-from grpolab.diagnose.logscan import scan_file
-from grpolab.diagnose.rank_errors import RankError
-from grpolab.diagnose.ruleset import LogRules
-from grpolab.diagnose.run_outcome import RecordedError, RunOutcome, last_line, read_run_outcome
+from grpolab.diagnose.logdoctor.ruleset import LogRules
+from grpolab.diagnose.logdoctor.run_outcome import RecordedError, RunOutcome, last_line, read_run_outcome
+from grpolab.diagnose.logdoctor.scan import scan_file
 
 FAULT = '[{"at_rollout": 0, "action": "raise_in_train", "rank": 1}]'
 INJECTED = "injected fault: raise_in_train on rank 1 at rollout 0 (--ci-ft-test-actions item 0)"

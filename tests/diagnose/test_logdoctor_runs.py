@@ -16,8 +16,8 @@ from runs import SMALL
 
 from grpolab.cli import main
 from grpolab.diagnose.logdoctor import main as doctor
-from grpolab.diagnose.logscan import scan_file
-from grpolab.diagnose.ruleset import LogRules
+from grpolab.diagnose.logdoctor.ruleset import LogRules
+from grpolab.diagnose.logdoctor.scan import scan_file
 
 ENGINE = "torch engine (tiny-qwen3, cpu)"
 

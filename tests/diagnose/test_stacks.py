@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.diagnose.stacks import (
+from grpolab.diagnose.hang.stacks import (
     Frame,
     ProcessStack,
     format_frame,

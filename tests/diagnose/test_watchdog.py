@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.diagnose.dead_engine import (
+from grpolab.diagnose.common.dead_engine import (
     WatchdogRule,
     error_times,
     parse_time,
     replay_table,
 )
-from grpolab.diagnose.logfollow import LogFollower
 from grpolab.diagnose.watchdog import add_watchdog_arguments, format_replay, run_watchdog_command
+from grpolab.diagnose.watchdog.follow import LogFollower
 
 ERROR = "[2026-10-17 21:03:30.637 rollout_executor] http_utils.py:241 - Error: Server error '503 Service Unavailable' for url 'http://172.17.0.3:20035/generate'"
 LIVE = ["--interval", "0.2", "--window", "0.4", "--limit", "5", "--checks", "3"]

@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import streamlit as st
 
-from grpolab.diagnose.logrules import Finding
+from grpolab.diagnose.logdoctor import Finding
 from grpolab.ui import analysis, state
 from grpolab.ui.runstore import StoredHangReport
 
