@@ -1,4 +1,5 @@
-"""`grpolab replay convert IN.pt OUT.grz` and `grpolab replay inspect FILE [--sample K]`.
+"""`grpolab replay convert IN.pt OUT.grz`, `grpolab replay inspect FILE [--sample K]` and
+`grpolab replay logprobs RUN_DIR --rollout N [--force]`.
 
 Wiring: `add_replay_parser(subparsers)` adds the `replay` command (sets `args.command = "replay"`);
 `run_replay_command(args)` runs it and returns the exit code (0 ok, 2 on any error, with the
@@ -19,13 +20,15 @@ import numpy as np
 from grpolab.replay.format import MAGIC, RecordingError
 
 if TYPE_CHECKING:
+    from grpolab.replay.logprobs import LogprobsResult
     from grpolab.replay.recording import RolloutRecording
 
 
 def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `replay {convert,inspect}` to an argparse subparsers object; returns the `replay` parser."""
+    """Add `replay {convert,inspect,logprobs}` to an argparse subparsers object; returns the `replay` parser."""
     replay = subparsers.add_parser(
-        "replay", help="rollout recordings: convert Miles dumps, inspect .grz files"
+        "replay",
+        help="rollout recordings: convert Miles dumps, inspect .grz files, recompute the trainer log-prob gap",
     )
     sub = replay.add_subparsers(dest="replay_command", required=True)
     conv = sub.add_parser("convert", help="convert a Miles/slime .pt rollout dump to a .grz recording")
@@ -39,6 +42,16 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     insp.add_argument("--tokenizer", default=None, metavar="DIR", help="decode tokens with this tokenizer")
     insp.add_argument("--reward-key", default=None, help="for Miles .pt input whose rewards are dicts")
+    lp = sub.add_parser(
+        "logprobs",
+        help="recompute the trainer's log-probs of a recorded rollout on the weights it was trained with; "
+        "writes RUN_DIR/logprobs/rollout_<N>.json",
+    )
+    lp.add_argument(
+        "run_dir", metavar="RUN_DIR", help="run directory of a run with --save-debug-rollout-data"
+    )
+    lp.add_argument("--rollout", type=int, required=True, metavar="N", help="recorded rollout id")
+    lp.add_argument("--force", action="store_true", help="replace an existing result file")
     return replay
 
 
@@ -64,10 +77,46 @@ def run_replay_command(
                 out=out,
             )
             return 0
+        if args.replay_command == "logprobs":
+            from grpolab.replay.logprobs import recompute
+
+            result, path = recompute(
+                args.run_dir, args.rollout, force=args.force, progress=lambda line: print(line, file=err)
+            )
+            print_gap_summary(result, path, args.run_dir, out=out)
+            return 0
         raise ValueError(f"unknown replay command {args.replay_command!r}")
     except (RecordingError, ValueError, OSError) as e:
         print(f"grpolab replay {args.replay_command}: error: {e}", file=err)
         return 2
+
+
+def print_gap_summary(result: LogprobsResult, path: Path, run_dir: str | Path, *, out: TextIO) -> None:
+    """A few lines: the recomputed gap of the rollout and of each optimizer step next to the value the
+    run logged for that step (metrics.jsonl, read with `rundir.reader.read_metrics`), the weights, the file.
+
+    Raises:
+        OSError: metrics.jsonl exists but cannot be read.
+    """
+    from grpolab.replay.logprobs import GAP_KEY
+    from grpolab.rundir.reader import read_metrics
+
+    logged = {
+        r.step: r.metrics[GAP_KEY]
+        for r in read_metrics(run_dir, "step")
+        if r.rollout_id == result.rollout_id and GAP_KEY in r.metrics
+    }
+    n = len(result.samples)
+    print(
+        f"rollout {result.rollout_id}: mean |trainer - engine| log-prob {result.mean_abs_gap:.6g} "
+        f"({result.reduction} over {n} samples)",
+        file=out,
+    )
+    for step, gap in result.steps:
+        was = f"{logged[step]:.6g}" if step in logged else "not logged"
+        print(f"  step {step}: recomputed {gap:.6g}   logged {GAP_KEY} {was}", file=out)
+    print(f"weights: {result.weights.description}", file=out)
+    print(f"wrote {path}", file=out)
 
 
 def _load_any(path: Path, reward_key: str | None) -> RolloutRecording:
@@ -206,7 +255,8 @@ def _print_sample(s: Any, tokenizer_dir: str | None, p: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point: `python -m grpolab.replay.cli replay {convert,inspect} ...` or without `replay`."""
+    """Standalone entry point: `python -m grpolab.replay.cli replay {convert,inspect,logprobs} ...` or
+    without `replay`."""
     parser = argparse.ArgumentParser(prog="grpolab")
     sub = parser.add_subparsers(dest="command", required=True)
     add_replay_parser(sub)
