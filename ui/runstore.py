@@ -31,14 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from grpolab.diagnose.gpu import GPU_FILE
 from grpolab.diagnose.logdoctor import FileScan, read_run_outcome, scan_file
+from grpolab.replay import logprobs
 from grpolab.replay.recording import RolloutRecording, load_rollout
 from grpolab.rundir.foreign_logs import ParsedLog, parse_file
-from grpolab.ui import discovery, logprob_gap, readers
+from grpolab.ui import discovery, readers
 
 
 @dataclass(frozen=True)
@@ -272,30 +272,23 @@ class RunStore:
         path = self.list_rollouts(run_id).get(rollout_id)
         return None if path is None else self._cached(path, "rollout", load_rollout)
 
-    def trainer_weights(self, run_id: str, rollout_id: int) -> logprob_gap.WeightsSource | str:
-        """Which trainer weights scored `rollout_id` (or why they are not on disk)."""
+    def has_logprobs(self, run_id: str, rollout_id: int) -> bool:
+        """Whether `grpolab replay logprobs RUN_DIR --rollout N` has written its result for this rollout."""
         path, source = self._locate(run_id)
-        if source != "grpolab":
-            return "a console log has no recordings"
-        events = self.read_events(run_id)
-        return logprob_gap.weights_for_rollout(self.read_run_json(run_id), events, rollout_id, path)
+        return source == "grpolab" and logprobs.result_path(path, rollout_id).is_file()
 
-    def read_trainer_log_probs(self, run_id: str, rollout_id: int) -> list[np.ndarray] | None:
-        """Trainer per-token log-probs of a recorded rollout, recomputed (see `ui.logprob_gap`);
-        None when the recording or the weights are missing. Cached per recording and weights."""
-        recording = self.read_rollout(run_id, rollout_id)
-        weights = self.trainer_weights(run_id, rollout_id)
-        if recording is None or isinstance(weights, str):
+    def read_logprobs(self, run_id: str, rollout_id: int) -> logprobs.LogprobsResult | None:
+        """The trainer-vs-engine log-probs of a recorded rollout as `grpolab replay logprobs` wrote them
+        (`replay.logprobs.read_result`), None when not computed; cached until the file changes.
+
+        Raises:
+            LogprobsError: the file exists but cannot be read as a result (names the file and field).
+        """
+        if not self.has_logprobs(run_id, rollout_id):
             return None
-        rec_path = self.list_rollouts(run_id)[rollout_id]
-        wfile = None if weights.weights is None else weights.weights / "model.safetensors"
-        key = (run_id, rollout_id, readers.file_signature(rec_path), wfile and readers.file_signature(wfile))
-        hit = self._recomputed.get(key)
-        if hit is None:
-            hit = self._recomputed.put(
-                key, logprob_gap.trainer_log_probs(self.read_run_json(run_id), recording.samples, weights)
-            )
-        return hit
+        return self._cached(
+            logprobs.result_path(self.run_path(run_id), rollout_id), "logprobs", logprobs.read_result
+        )
 
     def token_texts(self, run_id: str, token_ids: Sequence[int]) -> list[str] | None:
         """Token ids decoded one by one with the run's tokenizer (None when it is not on disk)."""
@@ -303,9 +296,7 @@ class RunStore:
         hit = self._recomputed.get(key)
         if hit is None:
             path = self.run_path(run_id)
-            hit = self._recomputed.put(
-                key, logprob_gap.token_texts(self.read_run_json(run_id), path, list(token_ids)) or []
-            )
+            hit = self._recomputed.put(key, logprobs.token_texts(path, list(token_ids)) or [])
         return hit or None
 
     def step_records(self, run_id: str, rollout_id: int) -> list[dict[str, Any]]:

@@ -140,27 +140,38 @@ def test_health_page_on_a_tiny_run(ui_root: Path, monkeypatch: pytest.MonkeyPatc
     assert "of 2 groups" in table.loc["zero-std group share", "evidence"]
 
 
-def test_rollouts_page_recomputes_the_gap(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    at = _app(monkeypatch, ui_root, selected=["a"])
+def test_rollouts_page_runs_replay_logprobs(
+    ui_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(ui_root / "a", tmp_path / "a")  # the command writes into the run directory
+    at = _app(monkeypatch, tmp_path, selected=["a"])
     at.switch_page("app_pages/rollouts.py").run()
     assert not at.exception
     answers = at.dataframe[0].value
     assert len(answers) == 4 and set(answers["finish"]) <= {"stop", "length"}
     assert len(at.get("plotly_chart")) == 1
-    assert "Ranked by the lowest engine log-prob" in " ".join(_texts(at, "caption"))
-    at.button(key="rollouts_recompute").click().run()
+    captions = " ".join(_texts(at, "caption"))
+    assert "Ranked by the lowest engine log-prob" in captions
+    assert f"grpolab replay logprobs {(tmp_path / 'a').resolve()} --rollout 0" in captions
+    at.button(key="rollouts_recompute").click().run()  # starts the command, polls it until it ends
     assert not at.exception
+    assert (tmp_path / "a" / "logprobs" / "rollout_0.json").is_file()
     assert len(at.get("plotly_chart")) == 2
     line = next(m for m in _texts(at, "markdown") if m.startswith("Recomputed mean |gap|"))
     number = r"([0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)"
     recomputed = float(re.search(r"of token means\): " + number, line).group(1))
-    logged = float(re.search(r"step 0: " + number, line).group(1))
-    assert recomputed == pytest.approx(logged, rel=1e-4)
+    logged = float(re.search(r"logprob_abs_diff of this rollout: step 0: " + number, line).group(1))
+    assert recomputed == pytest.approx(logged, rel=1e-4)  # both printed with 6 significant digits
+    assert "Weights: initial weights of --hf-checkpoint" in line
     worst = at.dataframe[-1].value
     assert len(worst) == 20 and worst["|gap|"].is_monotonic_decreasing
-    # rollout 1: the weights changed after rollout 0 and no checkpoint was saved
+    # rollout 1: the weights changed after rollout 0 and no checkpoint was saved: the command fails
     at.selectbox(key="rollouts_id").set_value(1).run()
-    assert any("no checkpoint of the weights before rollout 1" in i for i in _texts(at, "info"))
+    at.button(key="rollouts_recompute").click().run()
+    assert not at.exception
+    assert any("failed (exit 2)" in e for e in _texts(at, "error"))
+    assert any("no checkpoint of the weights before rollout 1" in c for c in _texts(at, "code"))
+    assert not (tmp_path / "a" / "logprobs" / "rollout_1.json").exists()
 
 
 def _plain(markdown: str) -> str:
