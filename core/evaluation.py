@@ -52,14 +52,7 @@ def evaluate(
             }
             for i, r in enumerate(results)
         ]
-        scores = rewards.score_samples_sync(
-            records,
-            rm_type=rm_type,
-            custom_fn=custom_fn,
-            group_rm=False,
-            group_size=n_samples,
-            reward_key=reward_key,
-        )
+        scores = rewards.score_samples(records, rm_type=rm_type, custom_fn=custom_fn, reward_key=reward_key)
         out[f"eval/{name}"] = sum(scores) / len(scores)
         out[f"eval/{name}-truncated_ratio"] = sum(r.finish_reason == "length" for r in results) / len(results)
         out[f"eval/{name}/response_len/mean"] = sum(len(r.response_ids) for r in results) / len(results)

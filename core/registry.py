@@ -1,7 +1,7 @@
 """Things registered by name: a duplicate name raises, an unknown name lists the valid ones.
 
-Used by the trainer's algorithms (advantage estimators, KL estimators, policy losses) and by the log
-doctor's rules. No torch here, so the diagnose commands can import it.
+Used by the trainer's algorithms (advantage and KL estimators), its built-in rewards (`--rm-type`)
+and the log doctor's rules. No torch here, so the diagnose commands can import it.
 """
 
 from __future__ import annotations

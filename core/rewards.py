@@ -24,7 +24,13 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
+from grpolab.core.registry import Registry
+
 RewardFn = Callable[[str, str], float]
+"""A built-in reward: `(response, label) -> float`."""
+
+REWARD_FNS: Registry[RewardFn] = Registry("reward function", "--rm-type")
+"""The built-in rewards by `--rm-type` name; an unknown name lists the valid ones."""
 
 # ---------------------------------------------------------------------------------------------
 # Numbers
@@ -65,6 +71,7 @@ def _as_decimal(text: str | None) -> Decimal | None:
     return value if value.is_finite() else None
 
 
+@REWARD_FNS.register("math")
 def math_reward(response: str, label: str) -> float:
     """`--rm-type math`: 1.0 if the response's GSM8K answer equals the label's number, else 0.0.
 
@@ -149,6 +156,7 @@ def _parse_number(text: str) -> Fraction | None:
     return values[0]
 
 
+@REWARD_FNS.register("boxed_math")
 def boxed_math_reward(response: str, label: str) -> float:
     """`--rm-type boxed_math`: 1.0 if the last box in the response matches the label, else 0.0.
 
@@ -180,16 +188,16 @@ def boxed_math_reward(response: str, label: str) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Registry and custom functions
-
-_REWARD_FNS: dict[str, RewardFn] = {"math": math_reward, "boxed_math": boxed_math_reward}
+# Built-in lookup and custom functions
 
 
 def get_reward_fn(rm_type: str) -> RewardFn:
-    """The built-in `(response, label) -> float` for `--rm-type`; unknown names list the valid ones."""
-    if rm_type not in _REWARD_FNS:
-        raise ValueError(f"unknown --rm-type {rm_type!r}; valid: {', '.join(sorted(_REWARD_FNS))}")
-    return _REWARD_FNS[rm_type]
+    """The built-in `(response, label) -> float` registered as `rm_type` (`--rm-type`).
+
+    Raises:
+        ValueError: unknown name; the message names `--rm-type` and lists the valid names.
+    """
+    return REWARD_FNS.get(rm_type)
 
 
 def load_custom_reward(path: str) -> Callable[..., Any]:
@@ -227,22 +235,32 @@ def _shorten(text: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more chars]"
 
 
-def _to_float(value: Any, index: int, reward_key: str | None) -> float:
+def reward_value(value: Any, reward_key: str | None, *, where: str) -> float:
+    """One reward as a float; a dict reward is reduced to its `reward_key` entry (Miles `--reward-key`).
+
+    The one place a dict reward is picked apart: live scoring and the Miles dump import use it.
+    Anything `float()` accepts is a number (int, float, bool, a one-element tensor, a numeric string).
+
+    Args:
+        value: what a reward function returned (or a dump stored).
+        reward_key: `--reward-key`, or None when rewards are plain numbers.
+        where: names the reward in messages, e.g. "reward for sample index 3".
+
+    Raises:
+        ValueError: `{where} is a dict (keys [...]); set --reward-key ...` without a key,
+            `{where} has no --reward-key 'k'; keys present: [...]`, or `{where} is not a number: ...`.
+    """
     if isinstance(value, dict):
+        keys = sorted(map(str, value))
         if reward_key is None:
-            raise ValueError(
-                f"reward for sample index {index} is a dict (keys {sorted(value)}); set --reward-key"
-            )
+            raise ValueError(f"{where} is a dict (keys {keys}); set --reward-key to pick one")
         if reward_key not in value:
-            raise ValueError(
-                f"reward for sample index {index} has no --reward-key {reward_key!r}; keys present: "
-                f"{sorted(value)}"
-            )
+            raise ValueError(f"{where} has no --reward-key {reward_key!r}; keys present: {keys}")
         value = value[reward_key]
     try:
         return float(value)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"reward for sample index {index} is not a number: {value!r}") from error
+    except (TypeError, ValueError, RuntimeError) as error:  # RuntimeError: a multi-element tensor
+        raise ValueError(f"{where} is not a number: {_shorten(repr(value))}") from error
 
 
 async def _call(fn: Callable[..., Any], argument: Any) -> Any:
@@ -287,22 +305,23 @@ def _builtin_sample_fn(rm_type: str) -> Callable[[dict], float]:
     return score
 
 
-async def score_samples(
+def score_samples(
     samples: list[dict],
     *,
     rm_type: str | None,
     custom_fn: Callable[..., Any] | None = None,
     group_rm: bool = False,
-    group_size: int,
-    reward_key: str | None,
+    group_size: int = 1,
+    reward_key: str | None = None,
 ) -> list[float]:
-    """Score every sample; async reward functions run concurrently (asyncio.gather).
+    """Score every sample; async reward functions run concurrently (asyncio.gather under asyncio.run).
 
     `custom_fn` (from `load_custom_reward`) takes precedence over `rm_type`. With `group_rm`,
     samples are split into contiguous groups of `group_size` and `custom_fn(group)` returns one
     reward per sample (a built-in rm_type still scores per sample). Dict rewards are reduced with
-    `reward_key`. Sync functions run inline on the event loop. "Sample index" in messages is the
-    position in `samples`.
+    `reward_key` (`reward_value`). Sync functions run inline on the event loop. "Sample index" in
+    messages is the position in `samples`. Call it from synchronous code: it starts its own event
+    loop, so it cannot run inside a running one.
 
     Returns:
         one float reward per sample, in order.
@@ -317,34 +336,19 @@ async def score_samples(
     if custom_fn is None and rm_type is None:
         raise ValueError("no reward function: set --rm-type or --custom-rm-path")
     fn = custom_fn if custom_fn is not None else _builtin_sample_fn(rm_type)
-    if group_rm and custom_fn is not None:
-        if group_size < 1 or len(samples) % group_size:
-            raise ValueError(f"--group-rm: {len(samples)} samples do not split into groups of {group_size}")
-        starts = range(0, len(samples), group_size)
-        grouped = await asyncio.gather(*(_score_group(fn, samples[s : s + group_size], s) for s in starts))
-        raw = [reward for group in grouped for reward in group]
-    else:
-        raw = await asyncio.gather(*(_score_one(fn, sample, i) for i, sample in enumerate(samples)))
-    return [_to_float(value, i, reward_key) for i, value in enumerate(raw)]
+    grouped = group_rm and custom_fn is not None
+    if grouped and (group_size < 1 or len(samples) % group_size):
+        raise ValueError(f"--group-rm: {len(samples)} samples do not split into groups of {group_size}")
+    raw = asyncio.run(_score_all(fn, samples, group_size if grouped else None))
+    return [
+        reward_value(value, reward_key, where=f"reward for sample index {i}") for i, value in enumerate(raw)
+    ]
 
 
-def score_samples_sync(
-    samples: list[dict],
-    *,
-    rm_type: str | None,
-    custom_fn: Callable[..., Any] | None = None,
-    group_rm: bool = False,
-    group_size: int,
-    reward_key: str | None,
-) -> list[float]:
-    """`score_samples` run with asyncio.run (not callable from inside a running event loop)."""
-    return asyncio.run(
-        score_samples(
-            samples,
-            rm_type=rm_type,
-            custom_fn=custom_fn,
-            group_rm=group_rm,
-            group_size=group_size,
-            reward_key=reward_key,
-        )
-    )
+async def _score_all(fn: Callable[..., Any], samples: list[dict], group_size: int | None) -> list[Any]:
+    """Every sample's raw reward, in order: one call per sample, or per group of `group_size`."""
+    if group_size is None:
+        return await asyncio.gather(*(_score_one(fn, sample, i) for i, sample in enumerate(samples)))
+    starts = range(0, len(samples), group_size)
+    grouped = await asyncio.gather(*(_score_group(fn, samples[s : s + group_size], s) for s in starts))
+    return [reward for group in grouped for reward in group]

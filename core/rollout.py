@@ -183,7 +183,7 @@ class RolloutProducer:
             }
             for s in samples
         ]
-        values = rewards.score_samples_sync(
+        values = rewards.score_samples(
             records,
             rm_type=cfg.reward.rm_type,
             custom_fn=self.custom_reward,

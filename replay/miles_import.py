@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from grpolab.core.batch import Sample
+from grpolab.core.rewards import reward_value
 from grpolab.replay.format import RecordingError
 from grpolab.replay.recording import check_rollout_id, save_rollout
 
@@ -126,19 +127,11 @@ def _scalar_int(v: Any, where: str) -> int:
 
 
 def _reward(v: Any, where: str, reward_key: str | None) -> float:
-    if isinstance(v, dict):
-        if reward_key is None:
-            raise RecordingError(
-                f"{where} is a dict with keys {sorted(map(str, v))}; pass --reward-key to pick one"
-            )
-        if reward_key not in v:
-            raise RecordingError(f"{where} has no key {reward_key!r} (keys: {sorted(map(str, v))})")
-        v = v[reward_key]
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        v = v.item()
-    if not isinstance(v, (int, float)):
-        raise RecordingError(f"{where} must be a number (or a dict with --reward-key), got {v!r}")
-    return float(v)
+    """The trainer's own dict-reward reduction (`rewards.reward_value`), failing as a RecordingError."""
+    try:
+        return reward_value(v, reward_key, where=where)
+    except ValueError as e:
+        raise RecordingError(str(e)) from None
 
 
 def _finish(v: Any, where: str) -> str:

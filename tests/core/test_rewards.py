@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpolab.core.rewards import (
+    REWARD_FNS,
     boxed_math_reward,
     extract_boxed,
     extract_math_answer,
@@ -18,8 +19,8 @@ from grpolab.core.rewards import (
     load_custom_reward,
     math_reward,
     normalize_answer,
+    reward_value,
     score_samples,
-    score_samples_sync,
 )
 
 # ------------------------------------------------------------------------------ math (GSM8K)
@@ -112,8 +113,26 @@ def test_boxed_math_reward() -> None:
 
 def test_unknown_rm_type_lists_valid_names() -> None:
     assert get_reward_fn("math") is math_reward
-    with pytest.raises(ValueError, match=r"unknown --rm-type 'gsm9k'; valid: boxed_math, math"):
+    assert REWARD_FNS.names() == ["boxed_math", "math"]
+    with pytest.raises(
+        ValueError, match=r"unknown reward function 'gsm9k' \(--rm-type\); valid: boxed_math, math"
+    ):
         get_reward_fn("gsm9k")
+    with pytest.raises(ValueError, match="already registered"):
+        REWARD_FNS.register("math")(boxed_math_reward)
+
+
+def test_reward_value_reduces_dicts_and_numbers() -> None:
+    assert reward_value({"acc": 1, "fmt": 0.5}, "fmt", where="r") == 0.5
+    assert reward_value(torch.tensor([0.25]), None, where="r") == 0.25
+    assert reward_value(True, None, where="r") == 1.0 and reward_value("0.5", None, where="r") == 0.5
+    with pytest.raises(ValueError, match=r"^r is a dict \(keys \['1', 'acc'\]\); set --reward-key"):
+        reward_value({"acc": 1.0, 1: 2.0}, None, where="r")
+    with pytest.raises(ValueError, match=r"^r has no --reward-key 'x'; keys present: \['acc'\]$"):
+        reward_value({"acc": 1.0}, "x", where="r")
+    for bad in (None, "high", torch.tensor([1.0, 2.0]), [1.0]):
+        with pytest.raises(ValueError, match="^r is not a number: "):
+            reward_value(bad, None, where="r")
 
 
 # ------------------------------------------------------------------------------ custom functions
@@ -185,20 +204,20 @@ def test_load_custom_reward_errors(rm_module: str) -> None:
 
 def test_builtin_scoring() -> None:
     samples = _samples(["#### 5", "#### 6", "", "the answer is 5"], label="5")
-    assert score_samples_sync(samples, rm_type="math", group_size=2, reward_key=None) == [1.0, 0.0, 0.0, 1.0]
+    assert score_samples(samples, rm_type="math", group_size=2, reward_key=None) == [1.0, 0.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="--rm-type or --custom-rm-path"):
-        score_samples_sync(samples, rm_type=None, group_size=2, reward_key=None)
+        score_samples(samples, rm_type=None, group_size=2, reward_key=None)
 
 
 def test_async_custom_fn_runs_concurrently_and_picks_key(rm_module: str) -> None:
     fn = load_custom_reward(f"{rm_module}.async_rm")
     samples = _samples(["a", "bb", "a", "ccc"])
-    rewards = score_samples_sync(samples, rm_type="math", custom_fn=fn, group_size=2, reward_key="acc")
+    rewards = score_samples(samples, rm_type="math", custom_fn=fn, group_size=2, reward_key="acc")
     assert rewards == [1.0, 0.0, 1.0, 0.0]
     import my_rms.rm as module
 
     assert module.peak == 4  # all four calls were in flight together
-    lengths = asyncio.run(score_samples(samples, rm_type=None, custom_fn=fn, group_size=2, reward_key="len"))
+    lengths = score_samples(samples, rm_type=None, custom_fn=fn, reward_key="len")
     assert lengths == [1.0, 2.0, 1.0, 3.0]
 
 
@@ -207,20 +226,18 @@ def test_missing_reward_key(rm_module: str) -> None:
     with pytest.raises(
         ValueError, match=r"sample index 0 has no --reward-key 'score'; keys present: \['acc', 'len'\]"
     ):
-        score_samples_sync(_samples(["a"]), rm_type=None, custom_fn=fn, group_size=1, reward_key="score")
+        score_samples(_samples(["a"]), rm_type=None, custom_fn=fn, group_size=1, reward_key="score")
     with pytest.raises(ValueError, match="set --reward-key"):
-        score_samples_sync(_samples(["a"]), rm_type=None, custom_fn=fn, group_size=1, reward_key=None)
+        score_samples(_samples(["a"]), rm_type=None, custom_fn=fn, group_size=1, reward_key=None)
 
 
 def test_group_rm(rm_module: str) -> None:
     fn = load_custom_reward(f"{rm_module}.group_rm")
     samples = _samples(["a", "bbb", "cc", "d"])
-    rewards = score_samples_sync(
-        samples, rm_type=None, custom_fn=fn, group_rm=True, group_size=2, reward_key=None
-    )
+    rewards = score_samples(samples, rm_type=None, custom_fn=fn, group_rm=True, group_size=2, reward_key=None)
     assert rewards == [0.0, 1.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="groups of 3"):
-        score_samples_sync(samples, rm_type=None, custom_fn=fn, group_rm=True, group_size=3, reward_key=None)
+        score_samples(samples, rm_type=None, custom_fn=fn, group_rm=True, group_size=3, reward_key=None)
 
 
 def test_group_rm_wrong_length() -> None:
@@ -228,7 +245,7 @@ def test_group_rm_wrong_length() -> None:
         return [1.0]
 
     with pytest.raises(ValueError, match="list of 2 rewards for sample indices 0..1"):
-        score_samples_sync(
+        score_samples(
             _samples(["a", "b"]), rm_type=None, custom_fn=short, group_rm=True, group_size=2, reward_key=None
         )
 
@@ -238,7 +255,7 @@ def test_raising_reward_names_index_and_response(rm_module: str) -> None:
     long_response = "the culprit " + "x" * 1000
     samples = _samples(["ok", "ok", long_response, "ok"])
     with pytest.raises(RuntimeError, match="sample index 2") as info:
-        score_samples_sync(samples, rm_type=None, custom_fn=fn, group_size=2, reward_key=None)
+        score_samples(samples, rm_type=None, custom_fn=fn, group_size=2, reward_key=None)
     message = str(info.value)
     assert "the culprit xxx" in message and "more chars" in message and len(message) < 500
     assert isinstance(info.value.__cause__, KeyError)
@@ -251,7 +268,7 @@ def test_raising_group_reward_names_indices() -> None:
         return [0.0] * len(samples)
 
     with pytest.raises(RuntimeError, match=r"sample indices 2\.\.3.*first response: 'c'") as info:
-        score_samples_sync(
+        score_samples(
             _samples(["a", "b", "c", "d"]),
             rm_type=None,
             custom_fn=bad,

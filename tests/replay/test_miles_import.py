@@ -100,7 +100,8 @@ def test_custom_class_is_refused_without_unpickling(tmp_path: Path) -> None:
         ({"response_length": 5}, r"sample 1: response_length 5 must be in \[0, 5\)"),
         ({"tokens": [1.5, 2.0]}, "sample 1: tokens must be a list of ints"),
         ({"status": "pending"}, "sample 1: status 'pending' is not one of"),
-        ({"reward": {"a": 1.0}}, "sample 1: reward is a dict with keys \\['a'\\]; pass --reward-key"),
+        ({"reward": {"a": 1.0}}, r"sample 1: reward is a dict \(keys \['a'\]\); set --reward-key"),
+        ({"reward": [1.0, 2.0]}, r"sample 1: reward is not a number: \[1.0, 2.0\]"),
         ({"group_index": "x"}, "sample 1: group_index must be an int"),
     ],
 )
