@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -18,17 +17,6 @@ GSM8K_TRAIN = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
-
-
-def read_metrics(run_dir: str | Path, kind: str) -> list[dict]:
-    """Records of one kind (rollout | step | perf) from a run directory's metrics.jsonl, in order."""
-    out = []
-    with open(Path(run_dir) / "metrics.jsonl", encoding="utf-8") as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec["kind"] == kind:
-                out.append(rec)
-    return out
 
 
 def machine() -> str:

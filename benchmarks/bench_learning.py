@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, read_metrics  # noqa: E402
+from _common import machine  # noqa: E402
 
 from grpolab.cli import build_parser, config_from_args  # noqa: E402
 from grpolab.core.loop import GRPORun  # noqa: E402
+from grpolab.rundir.reader import read_metrics  # noqa: E402
 
 
 def main() -> None:
@@ -53,8 +54,8 @@ def main() -> None:
                 h.setLevel(logging.WARNING)
         run.run()
         wall = time.perf_counter() - t0
-        rewards = [r["metrics"]["rollout/raw_reward"] for r in read_metrics(run_dir, "rollout")]
-        steps = [r["metrics"]["perf/step_time"] for r in read_metrics(run_dir, "perf")]
+        rewards = [r.metrics["rollout/raw_reward"] for r in read_metrics(run_dir, "rollout")]
+        steps = [r.metrics["perf/step_time"] for r in read_metrics(run_dir, "perf")]
     w = opts.window
     first, last = sum(rewards[:w]) / w, sum(rewards[-w:]) / w
     print(

@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import GSM8K_TRAIN, SMOLLM2_INSTALL, machine, read_metrics, smollm2_gguf  # noqa: E402
+from _common import GSM8K_TRAIN, SMOLLM2_INSTALL, machine, smollm2_gguf  # noqa: E402
+
+from grpolab.rundir.reader import read_metrics  # noqa: E402
 
 GOAL_BYTES = 1.5e9
 
@@ -90,7 +92,7 @@ def main() -> None:
             rss, wall, rc = peak_rss(args, work / "smollm2.log")
             if rc != 0:
                 sys.exit(f"SmolLM2 run failed (exit {rc}):\n{(work / 'smollm2.log').read_text()[-3000:]}")
-            perf = read_metrics(run, "perf")[0]["metrics"]
+            perf = read_metrics(run, "perf")[0].metrics
             results.append(
                 ("SmolLM2-135M smoke", rss, wall, f"step {perf['perf/step_time']:.1f} s, rollout "
                  f"{perf['perf/rollout_time']:.1f} s, train {perf['perf/train_time']:.1f} s")

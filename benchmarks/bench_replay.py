@@ -14,7 +14,6 @@ Run: `python benchmarks/bench_replay.py [--rollouts 6]`. Ratios are against base
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -25,11 +24,11 @@ import torch
 from grpolab.cli import build_parser, config_from_args
 from grpolab.core.loop import train
 from grpolab.replay.recording import load_rollout, rollout_arrays, save_rollout
+from grpolab.rundir.reader import read_metrics
 
 
 def perf_records(run_dir: Path) -> list[dict[str, float]]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["metrics"] for r in rows if r["kind"] == "perf"]
+    return [r.metrics for r in read_metrics(run_dir, "perf")]
 
 
 def run(argv: list[str]) -> Path:

@@ -1,6 +1,6 @@
 """RunStore load benchmark (UI issue): a generated 3,000-step × 100-metric run.
 
-Writes a run directory whose metrics.jsonl holds, for each of 3,000 rollouts (one optimizer step
+Writes a run directory whose metrics file holds, for each of 3,000 rollouts (one optimizer step
 each), a rollout line (35 keys), a step line (35 keys) and a perf line (30 keys): 9,000 lines,
 100 distinct metrics. Then measures, each in a fresh RunStore, cold:
 1. `RunStore.read_scalars([run])` in a new store (parse + wide frame indexed by (run, kind, step)):
@@ -27,24 +27,26 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpolab.rundir.reader import EVENTS_FILE, METRICS_FILE, RANKS_DIR, RUN_JSON
 from grpolab.ui.runstore import RunStore
 
 KINDS = (("rollout", "rollout/", 35), ("step", "train/", 35), ("perf", "perf/", 30))
 
 
 def write_run(folder: Path, steps: int, seed: int = 0) -> Path:
-    """A run directory with run.json, events.jsonl and a `steps`-rollout metrics.jsonl."""
+    """A run directory with run.json, events.jsonl and a `steps`-rollout metrics file (the reader's
+    file names; written directly, as the writer's per-record appends would dominate the setup)."""
     rnd = random.Random(seed)
     run = folder / "bench-run"
-    (run / "ranks").mkdir(parents=True)
-    (run / "run.json").write_text(json.dumps({"name": run.name, "config": {}, "seed": seed, "start_time": 0}))
-    with open(run / "metrics.jsonl", "w", encoding="utf-8") as f:
+    (run / RANKS_DIR).mkdir(parents=True)
+    (run / RUN_JSON).write_text(json.dumps({"name": run.name, "config": {}, "seed": seed, "start_time": 0}))
+    with open(run / METRICS_FILE, "w", encoding="utf-8") as f:
         for i in range(steps):
             for kind, ns, n in KINDS:
                 metrics = {f"{ns}metric_{k:02d}": rnd.random() for k in range(n)}
                 rec = {"kind": kind, "rollout_id": i, "step": i if kind == "step" else None, "time": 1e9 + i}
                 f.write(json.dumps({**rec, "metrics": metrics}) + "\n")
-    (run / "events.jsonl").write_text(json.dumps({"event": "status", "status": "finished", "time": 0}) + "\n")
+    (run / EVENTS_FILE).write_text(json.dumps({"event": "status", "status": "finished", "time": 0}) + "\n")
     return run
 
 
@@ -80,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run = write_run(Path(tmp), args.steps)
-        size = (run / "metrics.jsonl").stat().st_size / 2**20
+        size = (run / METRICS_FILE).stat().st_size / 2**20
         store_t, store_m, base_t, base_m, norm_t = [], [], [], [], []
         rss_before = rss_mb()
         frame = None
@@ -90,12 +92,12 @@ def main() -> None:
             store_m.append(m)
         rss_growth = rss_mb() - rss_before
         for _ in range(args.repeat):
-            t, m, _ = measure(lambda: pd.read_json(run / "metrics.jsonl", lines=True))
+            t, m, _ = measure(lambda: pd.read_json(run / METRICS_FILE, lines=True))
             base_t.append(t)
             base_m.append(m)
 
             def normalized() -> pd.DataFrame:
-                raw = pd.read_json(run / "metrics.jsonl", lines=True)
+                raw = pd.read_json(run / METRICS_FILE, lines=True)
                 return pd.concat(
                     [raw.drop(columns="metrics"), pd.json_normalize(raw["metrics"].tolist())], axis=1
                 )
@@ -107,7 +109,7 @@ def main() -> None:
         again = warm.read_scalars(["bench-run"])
         warm_s = time.perf_counter() - t0
     med = statistics.median
-    print(f"metrics.jsonl: {args.steps} steps x 3 lines, {frame.shape[1] - 1} metrics, {size:.1f} MB")
+    print(f"{METRICS_FILE}: {args.steps} steps x 3 lines, {frame.shape[1] - 1} metrics, {size:.1f} MB")
     print(f"frame: {frame.shape[0]} rows x {frame.shape[1]} columns, index {list(frame.index.names)}")
     print(f"RunStore.read_scalars cold: {med(store_t):.3f} s (goal <= 1 s), peak {med(store_m):.0f} MB traced "
           f"(goal <= 300 MB), RSS growth {rss_growth:.0f} MB")  # fmt: skip

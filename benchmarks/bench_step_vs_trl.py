@@ -5,7 +5,7 @@ optimizer step) on the tiny fixture model, for
 
   A. grpolab: the default `grpolab train` config (8 prompts × 8 samples, max response 32,
      temperature 1.0, lr 2e-4, no KL, one optimizer step per rollout, micro-batch 16), timed from
-     the `perf` records the run writes to metrics.jsonl (phases: rollout, reward, log_probs,
+     the `perf` records of the run's metrics, read with `rundir.reader` (phases: rollout, reward, log_probs,
      ref_log_probs, actor_train, update_weights, ...);
   B. TRL `GRPOTrainer` with the same GRPO settings (num_generations 8, 8 prompts per step = 64
      completions, max_completion_length 32, temperature 1.0, top_p 1, top_k 0, lr 2e-4, beta 0,
@@ -44,13 +44,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, median, read_metrics  # noqa: E402
+from _common import machine, median  # noqa: E402
 
 from grpolab.cli import build_parser, config_from_args  # noqa: E402
 from grpolab.core.data import PromptDataset, rollout_prompt_indices  # noqa: E402
 from grpolab.core.loop import GRPORun  # noqa: E402
 from grpolab.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 from grpolab.core.rewards import math_reward  # noqa: E402
+from grpolab.rundir.reader import read_metrics  # noqa: E402
 
 
 def mean(values: list[float]) -> float:
@@ -71,8 +72,8 @@ def run_grpolab(rollouts: int, threads: int, workdir: Path) -> list[dict[str, fl
         if getattr(h, "_grpolab_stdout", False):
             h.setLevel(logging.WARNING)
     run.run()
-    perf = [r["metrics"] for r in read_metrics(run_dir, "perf")]
-    rollouts_ = [r["metrics"] for r in read_metrics(run_dir, "rollout")]
+    perf = [r.metrics for r in read_metrics(run_dir, "perf")]
+    rollouts_ = [r.metrics for r in read_metrics(run_dir, "rollout")]
     for p, r in zip(perf, rollouts_):  # per-rollout task figures, for the same-task sanity line
         p["reward"], p["length"] = r["rollout/raw_reward"], r["rollout/response_lengths"]
     return perf[1:]

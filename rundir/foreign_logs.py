@@ -1,4 +1,4 @@
-"""Read Miles/slime console logs (and our own console.log) into metrics.jsonl-shaped records.
+"""Read Miles/slime console logs (and our own console.log) into the records of a run's metrics.
 
 What it parses: every line whose message is `<kind> <N>: {python dict repr}` with kind one of
 `rollout`, `step`, `perf`, `eval`, `multi_turn`, `critic-step`, with or without the prefixes
@@ -7,12 +7,12 @@ actor_cell00000_rank00000] log_utils.py:125 - rollout 0: {...}`). Dict reprs are
 `eval`: a literal parser that accepts Python constants, `nan`/`inf` tokens and numeric wrappers
 such as `np.float64(0.5)` or `tensor(0.5)`; a non-numeric value is dropped from the record.
 
-Record shape (the same as metrics.jsonl): `kind`, `rollout_id`, `step` (train step for
-`step` lines, None otherwise), `time` (the prefix timestamp read as UTC, or None), `metrics`.
-Extra fields: `side` for perf lines — Miles prints two different `perf N:` lines, the rollout
-side's (`rollout/*` sample stats, `perf/rollout_time`, generation throughput) and the trainer
-side's (`perf/<timer>_time`, `perf/step_time`, tflops); our own single perf line holds both
-(`"combined"`) — and `line_no` (1-based).
+Record shape (the same as a run directory's metrics records, `rundir.reader`): `kind`,
+`rollout_id`, `step` (train step for `step` lines, None otherwise), `time` (the prefix timestamp
+read as UTC, or None), `metrics`. Extra fields: `side` for perf lines — Miles prints two different
+`perf N:` lines, the rollout side's (`rollout/*` sample stats, `perf/rollout_time`, generation
+throughput) and the trainer side's (`perf/<timer>_time`, `perf/step_time`, tflops); our own single
+perf line holds both (`"combined"`) — and `line_no` (1-based).
 
 Quirks handled: Ray's log deduplication suffix (` [repeated 2x across cluster]`) is dropped;
 Miles prints each `step N` line twice (an identical repeat of the previous record
@@ -70,7 +70,7 @@ _ROLLOUT_PERF_PREFIXES = ("rollout/", "passrate/", "perf/non_generation_time/", 
 
 @dataclass(frozen=True)
 class MetricRecord:
-    """One metric line, in the shape of a metrics.jsonl record plus where it came from.
+    """One metric line, in the shape of a run's metrics record plus where it came from.
 
     Attributes:
         kind: rollout | step | perf | eval | multi_turn | critic-step.
@@ -99,7 +99,7 @@ class MetricRecord:
         return value
 
     def as_jsonl(self) -> dict[str, Any]:
-        """The metrics.jsonl shape: {kind, rollout_id, step, time, metrics} (+ side for perf)."""
+        """A run's metrics line shape: {kind, rollout_id, step, time, metrics} (+ side for perf)."""
         out: dict[str, Any] = {
             "kind": self.kind,
             "rollout_id": self.rollout_id,

@@ -171,8 +171,9 @@ def read_ranks(
     newest: dict[int, RankRecord] = {}
     for r in sorted(records, key=lambda r: -(r.heartbeat_time or float("-inf"))):
         if r.rank in newest:
+            other = newest[r.rank].source
             problems.append(
-                f"{r.source}: rank {r.rank} is also in {newest[r.rank].source}, whose heartbeat is newer; skipped"
+                f"{r.source}: rank {r.rank} is also in {other}, whose heartbeat is newer; skipped"
             )
         else:
             newest[r.rank] = r

@@ -1,8 +1,9 @@
-"""The run directory: the contract between the trainer, checkers, diagnose and the UI.
+"""Write a run directory: the contract between the trainer, checkers, diagnose and the UI.
 
 Layout (DESIGN.md): `run.json` (written first), `metrics.jsonl`, `events.jsonl` (a final `status`
 event last), `ranks/<rank>.json` (pid, host, heartbeat), `console.log`, `checks/`, `rollouts/`.
-Files are append-only with one writer per rank; whole-file writes are atomic.
+Files are append-only with one writer per rank; whole-file writes are atomic. Everything else
+reads these files through `rundir.reader` (whose file-name constants this module writes).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 import grpolab
 from grpolab.core.atomic import atomic_write_json
+from grpolab.rundir.reader import CONSOLE_LOG, EVENTS_FILE, METRICS_FILE, RANKS_DIR, RUN_JSON
 
 LOGGER_NAME = "grpolab"
 CONSOLE_LOG_ONLY = {"console_log_only": True}
@@ -108,14 +110,14 @@ class RunDirectory:
         `mirror_events_to` (`--save-debug-event-data DIR`) receives a copy of every event line.
         """
         run = cls(path, rank=rank, mirror_events_to=mirror_events_to)
-        if (run.path / "run.json").exists():
+        if (run.path / RUN_JSON).exists():
             raise FileExistsError(
                 f"--run-dir: {run.path} already holds a run (run.json exists); choose another --run-dir"
             )
         run.path.mkdir(parents=True, exist_ok=True)
-        (run.path / "ranks").mkdir(exist_ok=True)
+        (run.path / RANKS_DIR).mkdir(exist_ok=True)
         atomic_write_json(
-            run.path / "run.json",
+            run.path / RUN_JSON,
             {
                 "name": run.path.name,
                 "config": config,
@@ -143,7 +145,7 @@ class RunDirectory:
         if self.rank != 0:
             return
         self._append(
-            "metrics.jsonl",
+            METRICS_FILE,
             {"kind": kind, "rollout_id": rollout_id, "step": step, "time": time.time(), "metrics": metrics},
         )
 
@@ -152,10 +154,10 @@ class RunDirectory:
         if self.rank != 0:
             return  # one writer: other ranks report through their heartbeat file
         record = {"event": name, "time": time.time(), "rank": self.rank, **fields}
-        self._append("events.jsonl", record)
+        self._append(EVENTS_FILE, record)
         if self.mirror_events_to is not None:
             self.mirror_events_to.mkdir(parents=True, exist_ok=True)
-            self._append("events.jsonl", record, self.mirror_events_to)
+            self._append(EVENTS_FILE, record, self.mirror_events_to)
 
     def heartbeat(
         self, phase: str, rollout_id: int | None, step: int | None = None, *, error: str | None = None
@@ -174,7 +176,7 @@ class RunDirectory:
         }
         if error is not None:
             record["error"] = error
-        atomic_write_json(self.path / "ranks" / f"{self.rank}.json", record)
+        atomic_write_json(self.path / RANKS_DIR / f"{self.rank}.json", record)
 
     def finish(self, status: str, **fields: Any) -> None:
         """Write the final `status` event (finished | failed | interrupted) and close console.log."""
@@ -184,7 +186,7 @@ class RunDirectory:
     # ------------------------------------------------------------------ console
     def attach_console_log(self) -> None:
         """Tee the `grpolab` logger into `console.log`."""
-        handler = logging.FileHandler(self.path / "console.log", encoding="utf-8")
+        handler = logging.FileHandler(self.path / CONSOLE_LOG, encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(message)s"))
         logging.getLogger(LOGGER_NAME).addHandler(handler)
         self._log_handler = handler
