@@ -20,6 +20,7 @@ from grpolab.checkers.metric import MetricChecker
 from grpolab.core.atomic import atomic_write_json
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
+from grpolab.core.engine.base import ChecksWeights, RolloutEngine, capability
 from grpolab.rundir.writer import RunDirectory
 
 log = logging.getLogger("grpolab")
@@ -59,8 +60,13 @@ class CheckHarness:
         self._verdict(checker, True, **details)
 
     # ------------------------------------------------------------------ hooks
-    def first_sync(self, engine: object, sync: Callable[[], None], *, resumed: bool) -> None:
-        """The startup sync, wrapped by the weight-update checker when it is on."""
+    def first_sync(self, engine: RolloutEngine | None, sync: Callable[[], None], *, resumed: bool) -> None:
+        """The startup sync, wrapped by the weight-update checker when it is on.
+
+        Raises:
+            CheckFailure: an engine tensor is not bitwise equal to the trainer's after the sync.
+            ValueError: the checker is on but the engine has no weights checker (`base.ChecksWeights`).
+        """
         if not self.weight_update_enabled:
             sync()
             return
@@ -72,7 +78,14 @@ class CheckHarness:
             )
             sync()
             return
-        self._run("weight_update", lambda: weight_update.check_weight_update(engine, sync))  # type: ignore[arg-type]
+        checkable = capability(engine, ChecksWeights)
+        if checkable is None:
+            name = getattr(engine, "name", "the engine")
+            raise ValueError(
+                f"--ci-test / --check-weight-update-equal: {name} has no weights checker to compare its "
+                "tensors with the trainer's; pass --ci-disable-weight-update-checker"
+            )
+        self._run("weight_update", lambda: weight_update.check_weight_update(checkable, sync))
         log.info("weight-update checker: every engine tensor equals the trainer's after the first sync")
 
     def after_advantages(self, rollout_id: int, samples: list[Sample]) -> None:

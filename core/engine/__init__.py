@@ -1,1 +1,2 @@
-"""Rollout engines: the protocol and the in-process torch engine."""
+"""Rollout engines: the protocol and capabilities (base), the retrying client, the in-process torch
+engine, and the factory that builds the run's engine from the config."""

@@ -1,15 +1,22 @@
-"""The rollout-engine protocol and the data it exchanges.
+"""The rollout-engine protocol, its optional capabilities, and the data they exchange.
 
 One protocol for every engine (the in-process torch engine, an HTTP engine such as SGLang):
 `generate`, `update_weights`, `release_memory` / `resume_memory`, `flush_cache`, `health`, plus a
 `name` and `log_tail` for error messages. The trainer calls an engine through `client.EngineClient`,
-which retries failed calls while the engine recovers and gives up after `--engine-failure-timeout`.
+which retries failed calls while the engine recovers and gives up after `--engine-failure-timeout`;
+`factory.build_engine` builds both from the config.
+
+What only some engines can do is an optional capability, a small runtime-checkable protocol that a
+caller tests for with `capability(engine, Kind)` (which looks through an `EngineClient`):
+`ChecksWeights` (SGLang's `/weights_checker`, for the `--ci-test` weight-update checker),
+`ReportsStats` (throughput of the last `generate`, for `perf/rollout_tokens_per_sec`) and
+`Stoppable` (shut the engine down, for the `stop_engine_at_end` fault).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -124,3 +131,68 @@ class RolloutEngine(Protocol):
         """The engine's last `n` log lines, oldest first (what it did: start, weight updates, memory
         release/resume, shutdown), for error messages when the engine stops answering."""
         ...
+
+
+# ---------------------------------------------------------------------- optional capabilities
+@dataclass(frozen=True, kw_only=True)
+class TensorMismatch:
+    """One engine tensor that differs from its snapshot (weights checker "compare")."""
+
+    name: str
+    shape: tuple[int, ...]
+    max_abs_err: float
+    mean_abs_err: float
+
+
+@runtime_checkable
+class ChecksWeights(Protocol):
+    """An engine with SGLang's `/weights_checker` actions (Miles notes 3.3)."""
+
+    def weights_checker(self, action: str, *, seed: int = 0) -> list[TensorMismatch]:
+        """ "snapshot" the engine's persistent tensors, "reset_tensors" to seeded random values, or
+        "compare" with the snapshot (one `TensorMismatch` per tensor that is not bitwise equal).
+
+        Raises ValueError for an unknown action or "compare" before "snapshot"."""
+        ...
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    """An engine that reports its last `generate` call."""
+
+    @property
+    def last_stats(self) -> dict[str, float]:
+        """`tokens` generated, `seconds` of wall time, `tokens_per_s` (0 before any generate)."""
+        ...
+
+
+@runtime_checkable
+class Stoppable(Protocol):
+    """An engine that can be shut down: later calls fail and `health()` reports not ok."""
+
+    def shutdown(self, reason: str = "shutdown() was called") -> None:
+        """Stop the engine; `reason` appears in its log and in later errors."""
+        ...
+
+
+@runtime_checkable
+class WrapsEngine(Protocol):
+    """An engine that forwards to another one (`client.EngineClient`)."""
+
+    @property
+    def wrapped(self) -> RolloutEngine:
+        """The engine every call is forwarded to."""
+        ...
+
+
+C = TypeVar("C")
+
+
+def capability(engine: object | None, kind: type[C]) -> C | None:
+    """`engine`, or the engine it wraps (through any `WrapsEngine` layers), when it implements the
+    capability protocol `kind`; None when no layer does (or `engine` is None)."""
+    while engine is not None:
+        if isinstance(engine, kind):
+            return engine
+        engine = engine.wrapped if isinstance(engine, WrapsEngine) else None
+    return None

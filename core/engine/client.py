@@ -108,6 +108,11 @@ class EngineClient:
         """The wrapped engine's name."""
         return _engine_name(self.engine)
 
+    @property
+    def wrapped(self) -> RolloutEngine:
+        """The engine every call is forwarded to (`base.capability` looks there for optional capabilities)."""
+        return self.engine
+
     # ------------------------------------------------------------------ the protocol
     def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         """`engine.generate`, retried while the engine recovers (raises `EngineDeadError`)."""

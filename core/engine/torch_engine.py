@@ -34,7 +34,6 @@ from __future__ import annotations
 import inspect
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -47,6 +46,7 @@ from grpolab.core.engine.base import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
+    TensorMismatch,
 )
 from grpolab.core.modeling import load_causal_lm
 
@@ -55,16 +55,6 @@ _NOISE_BLOCK = 1 << 16  # uniforms drawn per row per generator call: C = clamp(2
 LOG_LINES = 200
 """How many lines the engine's in-memory log keeps (grpolab's: enough for one error message's tail
 and a run's recent weight updates; the oldest lines are dropped)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TensorMismatch:
-    """One engine tensor that differs from its snapshot (weights checker "compare")."""
-
-    name: str
-    shape: tuple[int, ...]
-    max_abs_err: float
-    mean_abs_err: float
 
 
 def filtered_log_probs(

@@ -1,4 +1,5 @@
-"""TorchEngine: seeded batched sampling, exact log-probs, top-k/top-p kept sets, weight sync, offload.
+"""TorchEngine: seeded batched sampling, exact log-probs, top-k/top-p kept sets, weight sync, offload;
+the engine seam: the factory, optional capabilities found through the client, the weights checker.
 
 Uses a random tiny Qwen3 (V=300) saved to a temp dir, so it runs without the trained fixture.
 Batch invariance: tokens are compared exactly; log-probs across different batch compositions are
@@ -14,9 +15,22 @@ import pytest
 import torch
 import transformers
 
-from grpolab.core.engine.base import GenerationRequest, SamplingParams
+from grpolab.checkers.errors import CheckFailure
+from grpolab.checkers.harness import CheckHarness
+from grpolab.core.config import Config
+from grpolab.core.engine.base import (
+    ChecksWeights,
+    GenerationRequest,
+    ReportsStats,
+    SamplingParams,
+    Stoppable,
+    capability,
+)
+from grpolab.core.engine.client import EngineClient
+from grpolab.core.engine.factory import ENGINES, build_engine
 from grpolab.core.engine.torch_engine import TorchEngine
 from grpolab.core.modeling import load_causal_lm
+from grpolab.rundir.writer import RunDirectory
 
 V = 300
 
@@ -282,3 +296,53 @@ def test_cuda_engine(ckpt: Path, ref_model: torch.nn.Module) -> None:
     assert next(eng.model.parameters()).device.type == "cpu"
     eng.resume_memory()
     _assert_same(a, eng.generate(reqs, params), exact=True)
+
+
+# ---------------------------------------------------------------------- the engine seam
+def _config(ckpt: Path, **ci: object) -> Config:
+    config = Config()
+    config.model.hf_checkpoint = str(ckpt)
+    config.run.show_progress = False
+    config.rollout.engine_failure_timeout = 7.0
+    for name, value in ci.items():
+        setattr(config.ci, name, value)
+    return config
+
+
+def test_factory_builds_the_kind_behind_a_client(ckpt: Path) -> None:
+    engine = build_engine(_config(ckpt))
+    assert isinstance(engine, EngineClient) and engine.failure_timeout == 7.0
+    assert isinstance(engine.wrapped, TorchEngine) and engine.name == f"torch engine ({ckpt.name}, cpu)"
+    assert ENGINES.names() == ["torch"]
+    with pytest.raises(ValueError, match=r"unknown rollout engine kind 'http'.*valid: torch"):
+        build_engine(_config(ckpt), "http")
+
+
+def test_capabilities_are_found_through_the_client(engine: TorchEngine) -> None:
+    client = EngineClient(engine, failure_timeout=1.0)
+    for kind in (ChecksWeights, ReportsStats, Stoppable):
+        assert capability(client, kind) is engine and capability(engine, kind) is engine
+    assert capability(EngineClient(client, failure_timeout=1.0), ReportsStats) is engine  # any depth
+    bare = EngineClient(object(), failure_timeout=1.0)  # an engine with the protocol only
+    assert capability(bare, ChecksWeights) is None and capability(None, Stoppable) is None
+
+
+def test_weight_update_checker_runs_through_the_client(tmp_path: Path, ckpt: Path) -> None:
+    config = _config(ckpt, ci_test=True)
+    harness = CheckHarness(config, RunDirectory(tmp_path))
+    client = build_engine(config)
+    trainer = list(load_causal_lm(ckpt).state_dict().items())  # the engine's start weights, another copy
+    harness.first_sync(client, lambda: client.update_weights(trainer, weight_version=1), resumed=False)
+    with pytest.raises(CheckFailure, match=r"model.norm.weight: shape \(64,\)"):  # the sync misses one tensor
+        partial = [(n, t) for n, t in trainer if n != "model.norm.weight"]
+        harness.first_sync(client, lambda: client.update_weights(partial, weight_version=2), resumed=False)
+    with pytest.raises(ValueError, match="--ci-disable-weight-update-checker"):
+        harness.first_sync(EngineClient(object(), failure_timeout=1.0), lambda: None, resumed=False)
+    verdicts = [e for e in _events(tmp_path) if e["event"] == "check"]
+    assert [(v["checker"], v["ok"]) for v in verdicts] == [("weight_update", True), ("weight_update", False)]
+
+
+def _events(run: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
