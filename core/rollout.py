@@ -1,12 +1,14 @@
 """Where a rollout's scored samples come from: the engine, a recording, or both (inject).
 
-`RolloutProducer.produce(rollout_id)` returns the rollout's samples with rewards and GRPO
-advantages filled in:
-- live: `--rollout-batch-size` prompts (seeded order, see data.py) × `--n-samples-per-prompt`
-  answers from the engine, each with its own seed (seeding.py), scored by the reward function;
-- replay (`--load-debug-rollout-data`): samples read from the recording, advantages recomputed;
-- inject (`--ci-inject-rollout-data-path`, from the start id on): generate and score as live,
-  compare with the recording (replayer.compare_rollouts), then hand back the recording.
+The loop calls three phases per rollout id, in order:
+- `rollout`: live: `--rollout-batch-size` prompts (seeded order, see data.py) × `--n-samples-per-prompt`
+  answers from the engine, each with its own seed (seeding.py); replay (`--load-debug-rollout-data`):
+  the samples read from the recording, with their recorded rewards;
+- `rewards`: live: scored by the reward function; inject (`--ci-inject-rollout-data-path`, from the
+  start id on): scored as live, compared with the recording (replayer.compare_rollouts), and the
+  recording handed back instead;
+- `advantages`: GRPO advantages from the rewards (recomputed on replay and inject, as Miles).
+Each phase works on this rank's contiguous share of the rollout.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ log = logging.getLogger("grpolab")
 
 
 class RolloutProducer:
-    """Produces scored samples for each rollout id (see the module docstring for the three sources)."""
+    """Each rollout's samples in three phases: `rollout`, `rewards`, `advantages` (see the module docstring)."""
 
     def __init__(
         self,
@@ -75,31 +77,41 @@ class RolloutProducer:
                 flag="--ci-inject-rollout-data-path",
             )
 
-    def produce(self, rollout_id: int) -> list[Sample]:
-        """This rollout's samples, scored, with advantages."""
-        cfg, timer = self.cfg, self.timer
+    def rollout(self, rollout_id: int) -> list[Sample]:
+        """This rank's samples of rollout `rollout_id`: generated (`perf/rollout_time`) or replayed."""
+        if self.replayer is None:
+            with self.timer("rollout"):
+                return self.generate(rollout_id)
+        with self.timer("load_rollout_data"):
+            samples, version = self.replayer.load(rollout_id)
+            samples = self._rank_share(samples)
+        self._warn_mismatch(self.replayer)
+        self.run_dir.event(
+            "rollout_replayed", rollout_id=rollout_id, weight_version=version, samples=len(samples)
+        )
+        return samples
+
+    def rewards(self, rollout_id: int, samples: list[Sample]) -> list[Sample]:
+        """Fill `reward` of generated samples in place (`perf/reward_time`); return the samples to train on.
+
+        Replay keeps the recorded rewards. Inject returns the recording (with its recorded rewards)
+        after comparing the freshly scored samples with it.
+
+        Raises:
+            InjectMismatchError: inject, and the engine's samples do not match the recording.
+        """
         if self.replayer is not None:
-            with timer("load_rollout_data"):
-                samples, version = self.replayer.load(rollout_id)
-                samples = self._rank_share(samples)
-            self._warn_mismatch(self.replayer)
-            self.run_dir.event(
-                "rollout_replayed", rollout_id=rollout_id, weight_version=version, samples=len(samples)
-            )
-            with timer("reward"):
-                self.assign_advantages(samples)
             return samples
-        with timer("rollout"):
-            samples = self.generate(rollout_id)
-        if cfg.colocate.colocate and cfg.colocate.offload_rollout:
-            assert self.engine is not None
-            with timer("engine_release"):
-                self.engine.release_memory()
-        with timer("reward"):
+        with self.timer("reward"):
             self.score(samples)
-        if self.injector is None or rollout_id < cfg.debug.ci_inject_rollout_data_start_rollout_id:
+        if self.injector is None or rollout_id < self.cfg.debug.ci_inject_rollout_data_start_rollout_id:
             return samples
         return self._inject(rollout_id, samples)
+
+    def advantages(self, samples: list[Sample]) -> None:
+        """Fill `advantage` in place: GRPO, per group, from the rewards (timed with `perf/reward_time`)."""
+        with self.timer("reward"):
+            self.assign_advantages(samples)
 
     def _inject(self, rollout_id: int, fresh: list[Sample]) -> list[Sample]:
         assert self.injector is not None
@@ -122,7 +134,6 @@ class RolloutProducer:
                 f"--ci-inject-rollout-data-min-match-ratio: {report.describe(threshold)}; "
                 "the engine holds other weights than the recording run's"
             )
-        self.assign_advantages(recorded)
         return recorded
 
     def generate(self, rollout_id: int) -> list[Sample]:
@@ -170,7 +181,7 @@ class RolloutProducer:
         ]
 
     def score(self, samples: list[Sample]) -> None:
-        """Fill `reward` (rm or custom function) and `advantage` (GRPO, per group) in place."""
+        """Fill `reward` in place (`--rm-type` or `--custom-rm-path` function)."""
         cfg = self.cfg
         records = [
             {
@@ -193,7 +204,6 @@ class RolloutProducer:
         )
         for s, r in zip(samples, values):
             s.reward = float(r)
-        self.assign_advantages(samples)
 
     def assign_advantages(self, samples: list[Sample]) -> None:
         """GRPO advantages from the samples' rewards and group ids (recomputed on replay too, as Miles)."""

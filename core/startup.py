@@ -1,0 +1,197 @@
+"""Before the first rollout: join the world, open the run directory, build the run's parts, restore.
+
+`open_run` joins the (torchrun) world, pins threads and seeds, and creates the run directory with
+run.json first (rank 0 names it, every rank uses that name). `build_parts` builds what a run
+holds from its config: datasets, the engine (engine/factory.py; none with `--debug-train-only`),
+the trainer (none with `--debug-rollout-only`), the rollout producer, the rollout recorder and
+the colocation schedule. `checkpoint_to_resume` finds what `--load` resumes from. The loop (loop.py) runs the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpolab.core import checkpoint
+from grpolab.core.actor import Actor
+from grpolab.core.colocation import Colocation
+from grpolab.core.config import Config
+from grpolab.core.data import PromptDataset
+from grpolab.core.dist import DistContext, all_gather_objects, barrier, init_distributed
+from grpolab.core.engine.base import RolloutEngine, SamplingParams
+from grpolab.core.engine.factory import build_engine
+from grpolab.core.metrics import PhaseTimer
+from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
+from grpolab.core.rollout import RolloutProducer
+from grpolab.core.seeding import seed_everything
+from grpolab.replay.recording import chat_template_hash, tokenizer_fingerprint
+from grpolab.replay.replayer import RolloutRecorder, RunIdentity
+from grpolab.rundir.writer import RunDirectory, setup_console_logging
+
+log = logging.getLogger("grpolab")
+
+
+def open_run(config: Config, argv: list[str]) -> tuple[DistContext, RunDirectory]:
+    """Join the world, pin threads and seeds, make the run directory (rank 0 writes run.json first).
+
+    Sets `config.run.run_dir` (default `runs/<time>-s<seed>`, rank 0's name on every rank) and, with
+    `--debug-deterministic-collective`, deterministic algorithms and one thread unless
+    `--num-threads` says otherwise (CPU results differ between thread counts).
+    """
+    run_cfg = config.run
+    ctx = init_distributed(config.model.device, deterministic=run_cfg.debug_deterministic_collective)
+    setup_console_logging(quiet=not ctx.is_primary)
+    if run_cfg.debug_deterministic_collective:
+        torch.use_deterministic_algorithms(True)
+        run_cfg.num_threads = run_cfg.num_threads or 1
+    if run_cfg.num_threads:
+        torch.set_num_threads(run_cfg.num_threads)
+    seed_everything(run_cfg.seed)
+    path = run_cfg.run_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-s{run_cfg.seed}"
+    run_cfg.run_dir = path = str(all_gather_objects(path, ctx)[0])  # rank 0 names the directory
+    if ctx.is_primary:
+        run_dir = RunDirectory.create(
+            path,
+            config=config.to_dict(),
+            argv=argv,
+            seed=run_cfg.seed,
+            mirror_events_to=config.debug.save_debug_event_data,
+            extra={"world_size": ctx.world_size, "backend": ctx.backend},
+        )
+    barrier(ctx)
+    if not ctx.is_primary:
+        run_dir = RunDirectory(path, rank=ctx.rank)
+    return ctx, run_dir
+
+
+@dataclass(kw_only=True)
+class RunParts:
+    """What one run holds besides its counters; `engine` / `actor` are None where the run builds none."""
+
+    fingerprint: str
+    eval_sets: dict[str, PromptDataset]
+    sampling: SamplingParams
+    engine: RolloutEngine | None
+    actor: Actor | None
+    producer: RolloutProducer
+    recorder: RolloutRecorder | None
+    colocation: Colocation
+
+
+def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer: PhaseTimer) -> RunParts:
+    """Build datasets, engine, trainer, producer, recorder and colocation from `config`.
+
+    Raises:
+        ValueError / FileNotFoundError: bad model, data or reward settings, naming the flag.
+    """
+    cfg, debug = config, config.debug
+    fingerprint = model_fingerprint(cfg.model.hf_checkpoint)
+    tokenizer = load_tokenizer(cfg.model.hf_checkpoint)
+    dataset_kw = {
+        "input_key": cfg.data.input_key,
+        "label_key": cfg.data.label_key,
+        "apply_chat_template": cfg.data.apply_chat_template,
+    }
+    dataset = PromptDataset(cfg.data.prompt_data, tokenizer, **dataset_kw)
+    eval_sets = {name: PromptDataset(path, tokenizer, **dataset_kw) for name, path in cfg.eval.datasets}
+    engine = None if debug.debug_train_only else build_engine(cfg)
+    actor = None if debug.debug_rollout_only else _build_actor(cfg, dist)
+    rollout = cfg.rollout
+    sampling = SamplingParams(
+        temperature=rollout.rollout_temperature,
+        top_p=rollout.rollout_top_p,
+        top_k=rollout.rollout_top_k,
+        max_new_tokens=rollout.rollout_max_response_len,
+        stop_token_ids=stop_token_ids(cfg.model.hf_checkpoint, tokenizer),
+    )
+    identity = _run_identity(cfg, tokenizer, fingerprint)
+    producer = RolloutProducer(
+        cfg,
+        engine=engine,
+        dataset=dataset,
+        sampling=sampling,
+        identity=identity,
+        run_dir=run_dir,
+        timer=timer,
+        dist_ctx=dist,
+    )
+    recorder = None
+    if debug.save_debug_rollout_data:
+        sampler = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+        sampler["max_new_tokens"] = sampling.max_new_tokens
+        recorder = RolloutRecorder(
+            debug.save_debug_rollout_data, identity, run_seed=cfg.run.seed, sampler=sampler
+        )
+    return RunParts(
+        fingerprint=fingerprint,
+        eval_sets=eval_sets,
+        sampling=sampling,
+        engine=engine,
+        actor=actor,
+        producer=producer,
+        recorder=recorder,
+        colocation=Colocation(cfg.colocate, engine=engine, actor=actor, timer=timer),
+    )
+
+
+def _build_actor(cfg: Config, dist: DistContext) -> Actor:
+    return Actor(
+        cfg.model.hf_checkpoint,
+        dtype=parse_dtype(cfg.model.train_dtype, "--train-dtype"),
+        device=cfg.model.device,
+        optimizer=cfg.optimizer,
+        algorithm=cfg.algorithm,
+        temperature=cfg.rollout.rollout_temperature,
+        build_optimizer=not cfg.debug.debug_disable_optimizer,
+        dist_ctx=dist,
+    )
+
+
+def _run_identity(cfg: Config, tokenizer: Any, fingerprint: str) -> RunIdentity:
+    """What a recording must share with this run to be replayed into it."""
+    return RunIdentity(
+        fingerprints={
+            "model_fingerprint": fingerprint,
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+            "chat_template_hash": chat_template_hash(tokenizer),
+        },
+        # what changes the training computation on the same samples
+        train_config={
+            "rollout_temperature": cfg.rollout.rollout_temperature,
+            "n_samples_per_prompt": cfg.rollout.n_samples_per_prompt,
+            "apply_chat_template": cfg.data.apply_chat_template,
+        },
+    )
+
+
+def checkpoint_to_resume(config: Config, actor: Actor | None, run_dir: RunDirectory) -> Path | None:
+    """The checkpoint directory `--load` resumes from (its latest), or None: no `--load`, or none there yet.
+
+    Raises:
+        ValueError: `--save` holds another run's checkpoints (without `--load` of the same path), or
+            `--load` with `--debug-rollout-only` (no trainer to restore into).
+    """
+    load, save = config.checkpoint.load, config.checkpoint.save
+    continuing = load is not None and save is not None and Path(load).resolve() == Path(save).resolve()
+    if save is not None and not continuing and (Path(save) / checkpoint.LATEST_FILE).exists():
+        raise ValueError(
+            f"--save {save} already holds another run's checkpoints; pass --load {save} to continue that run "
+            "or choose another --save (they would be overwritten)"
+        )
+    if load is None:
+        return None
+    if actor is None:
+        raise ValueError(
+            "--load: --debug-rollout-only builds no trainer, so there is nothing to restore a checkpoint into"
+        )
+    latest = checkpoint.find_latest(load)
+    if latest is None:
+        log.info(f"--load {load}: no checkpoint there yet, starting fresh from --hf-checkpoint")
+        run_dir.event("resume", found=False, load=str(load))
+        return None
+    return latest
