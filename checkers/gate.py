@@ -1,15 +1,17 @@
 """Offline CI gate: `grpolab gate RUN_OR_LOG [--baseline ...] [--step0-kl T] [--gap-range ...] [--metric ...]`.
 
-Inputs: our run directories (recognised by `run.json` or `metrics.jsonl`; `metrics.jsonl` is read),
-a `metrics.jsonl` file, or a Miles/slime console log read with `core.foreign_logs.parse_file`
-(`step N: {...}` lines with or without the Ray/timestamp prefixes). Every input must hold at least
-one `step` record, otherwise the gate cannot judge it (exit 2).
+Inputs: our run directories (recognised by `run.json` or their metrics file, read with
+`rundir.reader`), a run's metrics file (`.jsonl`), or a Miles/slime console log read with
+`rundir.foreign_logs.parse_file` (`step N: {...}` lines with or without the Ray/timestamp prefixes).
+Every input must hold at least one `step` record, otherwise the gate cannot judge it (exit 2).
 
-Checks (all on the FIRST `step` record in file order, except `--metric`; the step number is shown):
-- `--step0-kl T`: |train/ppo_kl| < T, and train/pg_clipfrac < 1e-10. Before the first update the
-  trainer's old and new probabilities are the same, so both must be 0; Miles asserts ppo_kl < 1e-9
-  and pg_clipfrac < 1e-10 in its `--ci-test` (Miles 101 manual section 5.2, "Check two values at
-  step 0"; our in-run twin is `checkers/kl.py`). When no check flag is given, `--step0-kl 1e-9` runs.
+Checks (all on step 0, the FIRST `step` record in file order, except `--metric`; the step number is
+shown). The rules are `checkers/step0.py`'s, shared with the in-run KL checker and the UI:
+- `--step0-kl T`: |train/ppo_kl| < T, |train/pg_clipfrac| < 1e-10, and |train/kl_loss| < 1e-9 when
+  the run logs it. Before the first update the trainer's old and new probabilities are the same, so
+  all must be 0; Miles asserts ppo_kl < 1e-9 and pg_clipfrac < 1e-10 in its `--ci-test` (Miles 101
+  manual section 5.2, "Check two values at step 0"; our in-run twin is `checkers/kl.py`). When no
+  check flag is given, `--step0-kl 1e-9` runs.
 - `--gap-range LO:HI`: LO <= train/train_rollout_logprob_abs_diff <= HI. The trainer-vs-engine gap is
   never 0 outside true on-policy mode, but at step 0 it must sit inside the range of your healthy
   runs (manual section 5.2 "Compare the gap with your range"; section 8.3: "measure the gap at step
@@ -36,14 +38,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from grpolab.checkers import step0
+from grpolab.checkers.step0 import DEFAULT_GAP_MARGIN, GAP_KEY, KL_LOSS_KEY, PPO_KL_TOL
+from grpolab.rundir import reader
 from grpolab.rundir.foreign_logs import MetricRecord, parse_file
 
-PPO_KL_KEY = "train/ppo_kl"
-CLIPFRAC_KEY = "train/pg_clipfrac"
-GAP_KEY = "train/train_rollout_logprob_abs_diff"
-MILES_PPO_KL_TOL = 1e-9  # manual 5.2: Miles asserts train/ppo_kl below 1e-9
-MILES_CLIPFRAC_TOL = 1e-10  # manual 5.2: ... and train/pg_clipfrac below 1e-10
-DEFAULT_GAP_MARGIN = 0.1
 METRIC_FORM = "KEY>=X, KEY<=X, KEY>X, KEY<X or KEY==X with a number X (e.g. 'eval/arith>=0.5')"
 _OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le, "==": operator.eq}
 _OPS.update({">": operator.gt, "<": operator.lt})
@@ -62,7 +61,8 @@ class RunMetrics:
     """The records of one run or log.
 
     Attributes:
-        path: the input as given; source: the file read (metrics.jsonl or the log); records: file order.
+        path: the input as given; source: the file read (the run's metrics file or the log);
+        records: file order.
     """
 
     path: str
@@ -71,8 +71,10 @@ class RunMetrics:
 
     @property
     def first_step(self) -> MetricRecord:
-        """The first `step` record in file order (load_run guarantees one exists)."""
-        return next(r for r in self.records if r.kind == "step")
+        """Step 0: the first `step` record in file order (load_run guarantees one exists)."""
+        rec = step0.first_step(self.records)
+        assert rec is not None
+        return rec
 
     def where(self, record: MetricRecord) -> dict[str, Any]:
         """Evidence fields of a record: `record` ("step 0", "rollout 3"), `file`, `line_no`."""
@@ -80,29 +82,8 @@ class RunMetrics:
         return {"record": label, "file": self.source, "line_no": record.line_no}
 
 
-def _read_jsonl(path: Path) -> list[MetricRecord]:
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    records: list[MetricRecord] = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            metrics = {str(k): float(v) for k, v in obj["metrics"].items() if isinstance(v, int | float)}
-            kind = str(obj["kind"])
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            if i == last:  # a live run's half-written last line
-                continue
-            raise GateInputError(f"{path}:{i + 1}: not a metrics.jsonl record ({e})") from None
-        step, rid = obj.get("step"), obj.get("rollout_id")
-        step, rid = (None if v is None else int(v) for v in (step, rid))
-        records.append(MetricRecord(kind, rid, step, metrics, obj.get("time"), obj.get("side"), i + 1))
-    return records
-
-
 def load_run(path: str | Path) -> RunMetrics:
-    """Read a run directory, a metrics.jsonl file or a Miles/slime console log.
+    """Read a run directory, a run's metrics file (.jsonl) or a Miles/slime console log.
 
     Raises:
         GateInputError: the path is missing or unreadable, a directory is not a run directory, or
@@ -110,15 +91,22 @@ def load_run(path: str | Path) -> RunMetrics:
     """
     p = Path(path)
     if p.is_dir():
-        if not ((p / "run.json").exists() or (p / "metrics.jsonl").exists()):
-            raise GateInputError(f"{p} is not a run directory (no run.json or metrics.jsonl)")
-        p, fmt = p / "metrics.jsonl", "run"
+        metrics = p / reader.METRICS_FILE
+        if not ((p / reader.RUN_JSON).exists() or metrics.exists()):
+            raise GateInputError(f"{p} is not a run directory (no {reader.RUN_JSON} or {metrics.name})")
+        p, fmt = metrics, "run"
     else:
         fmt = "run" if p.suffix == ".jsonl" else "log"
     try:
-        records = _read_jsonl(p) if fmt == "run" else parse_file(p).records
+        if not p.is_file():
+            p.open().close()  # the OSError that names why (no such file, a folder, no permission)
+        got = reader.read_metrics_file(p) if fmt == "run" else None
+        records = parse_file(p).records if got is None else got.records
     except OSError as e:
         raise GateInputError(f"cannot read {p}: {e.strerror or e}") from None
+    if got is not None and got.bad_lines:  # a complete line that is not a record: cannot judge
+        n, why = got.bad_lines[0]
+        raise GateInputError(f"{p}:{n}: not a {reader.METRICS_FILE} record ({why})")
     if not any(r.kind == "step" for r in records):
         what = 'records of kind "step"' if fmt == "run" else "`step N: {...}` lines"
         raise GateInputError(f"no {what} in {p}; nothing to judge (did the run reach its first step?)")
@@ -225,31 +213,38 @@ def _missing(keys: list[str]) -> str:
     return f"key not found; keys present: {', '.join(keys[:_KEYS_SHOWN]) or '(none)'}{more}"
 
 
+_KL_LOSS_CAUSE = "the reference model is not the initial policy (another checkpoint, or changed weights)"
+_ON_POLICY_CAUSE = (
+    "must be on-policy: old and new log-probs come from the same weights, so the two forwards are "
+    "not the same computation (micro-batching, padding, dropout, nondeterministic kernels) or the "
+    "step was not the first of its rollout"
+)
+
+
 def check_step0_kl(run: RunMetrics, tol: float) -> list[CheckResult]:
-    """|train/ppo_kl| < tol and train/pg_clipfrac < 1e-10 on the first step record (manual 5.2)."""
+    """The step-0 rule (`checkers/step0.py`) on the first step record: |train/ppo_kl| < tol,
+    |train/pg_clipfrac| < 1e-10 and, when logged, |train/kl_loss| < 1e-9 (manual 5.2, Miles check_kl)."""
     rec = run.first_step
     out = []
-    for key, limit, expect in (
-        (PPO_KL_KEY, tol, f"|x| < {tol:g}"),
-        (CLIPFRAC_KEY, MILES_CLIPFRAC_TOL, f"|x| < {MILES_CLIPFRAC_TOL:g} (Miles)"),
-    ):
-        value = rec.metrics.get(key)
-        ok = value is not None and abs(value) < limit
+    for check in step0.step0_checks(rec.metrics, ppo_kl_tol=tol):
+        expect = f"|x| < {check.limit:g}" + ("" if check.key == step0.PPO_KL_KEY else " (Miles)")
         detail = ""
-        if value is None:
+        if not check.logged:
             detail = _missing(sorted(rec.metrics))
-        elif not ok:
-            detail = (
-                f"first step (step {rec.step}) must be on-policy: old and new log-probs come from the same "
-                "weights, so the two forwards are not the same computation (micro-batching, padding, "
-                "dropout, nondeterministic kernels) or the step was not the first of its rollout"
+        elif not check.passed:
+            cause = _KL_LOSS_CAUSE if check.key == KL_LOSS_KEY else _ON_POLICY_CAUSE
+            detail = f"first step (step {rec.step}) {cause}"
+        out.append(
+            CheckResult(
+                "step0-kl", check.key, check.value, expect, check.passed, detail=detail, **run.where(rec)
             )
-        out.append(CheckResult("step0-kl", key, value, expect, ok, detail=detail, **run.where(rec)))
+        )
     return out
 
 
 def derive_gap_range(baselines: Sequence[RunMetrics], margin: float) -> GapRange:
-    """[min, max] of the baselines' first-step gaps widened to [lo*(1-m), hi*(1+m)] (manual 5.2, 8.3)."""
+    """[min, max] of the baselines' first-step gaps widened to [lo*(1-m), hi*(1+m)] (manual 5.2, 8.3;
+    `step0.gap_range_from`)."""
     if not baselines:
         raise GateInputError(
             "--gap-range auto needs at least one --baseline RUN_OR_LOG (healthy runs of your setup)"
@@ -262,16 +257,16 @@ def derive_gap_range(baselines: Sequence[RunMetrics], margin: float) -> GapRange
             got = _missing(sorted(rec.metrics)) if GAP_KEY not in rec.metrics else value
             raise GateInputError(f"baseline {b.path}: first-step {GAP_KEY}: {got}")
         rows.append({"path": b.path, "value": value, **b.where(rec)})
-    lo, hi = min(r["value"] for r in rows), max(r["value"] for r in rows)
-    return GapRange(lo * (1 - margin), hi * (1 + margin), "auto", margin, rows)
+    lo, hi = step0.gap_range_from([r["value"] for r in rows], margin)
+    return GapRange(lo, hi, "auto", margin, rows)
 
 
 def check_gap(run: RunMetrics, gap: GapRange) -> CheckResult:
-    """LO <= first-step train/train_rollout_logprob_abs_diff <= HI."""
+    """LO <= first-step train/train_rollout_logprob_abs_diff <= HI (`step0.gap_place`)."""
     rec = run.first_step
     value = rec.metrics.get(GAP_KEY)
     expect = f"{gap.lo:.6g} <= x <= {gap.hi:.6g} ({gap.mode})"
-    ok = value is not None and gap.lo <= value <= gap.hi
+    ok = value is not None and step0.gap_place(value, gap.lo, gap.hi) == "inside"
     detail = ""
     if value is None:
         detail = _missing(sorted(rec.metrics))
@@ -355,8 +350,8 @@ def gate(
     if not (math.isfinite(gap_margin) and gap_margin >= 0):
         raise GateInputError(f"--gap-margin {gap_margin!r}: expected a relative margin >= 0 (e.g. 0.1)")
     if step0_kl is None and gap_range is None and not exprs:
-        step0_kl = MILES_PPO_KL_TOL
-        notes.append(f"no check requested: running the default --step0-kl {MILES_PPO_KL_TOL:g}")
+        step0_kl = PPO_KL_TOL
+        notes.append(f"no check requested: running the default --step0-kl {PPO_KL_TOL:g}")
     run = load_run(target)
     base_runs = [load_run(b) for b in baselines]
     if base_runs and not (gap_range is not None and explicit is None):
@@ -404,7 +399,9 @@ def add_gate_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "target", metavar="RUN_OR_LOG", help="run directory, metrics.jsonl, or Miles/slime console log"
+        "target",
+        metavar="RUN_OR_LOG",
+        help="run directory, its metrics .jsonl file, or a Miles/slime console log",
     )
     p.add_argument("--baseline", action="append", default=[], metavar="RUN_OR_LOG",
                    help="healthy run of the same setup (repeatable); used by --gap-range auto")  # fmt: skip

@@ -1,19 +1,27 @@
-"""KL checker (`--ci-test`, off with `--ci-disable-kl-checker`).
+"""KL checker (`--ci-test`, off with `--ci-disable-kl-checker`): the step-0 rule (`checkers/step0.py`),
+applied in the run.
 
 At the first optimizer step of every rollout the policy still equals the "old" policy that
-produced the log-probs, so `train/ppo_kl` and `train/pg_clipfrac` must be zero; at the very first
-step of the run the policy equals the reference, so `train/kl_loss` must be zero. Thresholds are
-Miles' `ci_utils.check_kl` (notes-miles-slime-areal.md 3.1): |ppo_kl| < 1e-9, |pg_clipfrac| < 1e-10,
-|kl_loss| < 1e-9.
+produced the log-probs, so `train/ppo_kl` and `train/pg_clipfrac` must be zero; at the run's first
+step (step 0: the first step record of its metrics) the policy also equals the reference, so
+`train/kl_loss` must be zero when logged. Thresholds are Miles' `ci_utils.check_kl`
+(notes-miles-slime-areal.md 3.1), kept in `checkers/step0.py`: |ppo_kl| < 1e-9, |pg_clipfrac| <
+1e-10, |kl_loss| < 1e-9. A key the step did not log is not checked.
 """
 
 from __future__ import annotations
 
 from grpolab.checkers.errors import CheckFailure
+from grpolab.checkers.step0 import CLIPFRAC_KEY, KL_LOSS_KEY, PPO_KL_KEY, step0_checks
 
-PPO_KL_TOL = 1e-9
-PG_CLIPFRAC_TOL = 1e-10
-KL_LOSS_TOL = 1e-9
+_CAUSE = {
+    PPO_KL_KEY: "The log-probs the loss sees differ from the ones computed before training: the two "
+    "forwards are not the same computation (different micro-batching or padding, dropout on, "
+    "nondeterministic kernels).",
+    CLIPFRAC_KEY: "",
+    KL_LOSS_KEY: "the reference model is not the initial policy (loaded from another checkpoint, or its "
+    "weights changed).",
+}
 
 
 def check_kl(
@@ -33,23 +41,15 @@ def check_kl(
         return
     step = int(step_metrics.get("train/step", -1))
     where = f"rollout {rollout_id}, step {step} (first optimizer step of the rollout)"
-    ppo_kl = step_metrics.get("train/ppo_kl")
-    if ppo_kl is not None and not abs(ppo_kl) < PPO_KL_TOL:
-        raise CheckFailure(
-            "kl",
-            f"train/ppo_kl = {ppo_kl!r} at {where}; expected |ppo_kl| < {PPO_KL_TOL}. The log-probs the loss sees "
-            "differ from the ones computed before training: the two forwards are not the same computation "
-            "(different micro-batching or padding, dropout on, nondeterministic kernels).",
-        )
-    clipfrac = step_metrics.get("train/pg_clipfrac")
-    if clipfrac is not None and not abs(clipfrac) < PG_CLIPFRAC_TOL:
-        raise CheckFailure(
-            "kl", f"train/pg_clipfrac = {clipfrac!r} at {where}; expected < {PG_CLIPFRAC_TOL}."
-        )
-    kl_loss = step_metrics.get("train/kl_loss")
-    if first_step_of_run and kl_loss is not None and not abs(kl_loss) < KL_LOSS_TOL:
-        raise CheckFailure(
-            "kl",
-            f"train/kl_loss = {kl_loss!r} at the run's first step; expected |kl_loss| < {KL_LOSS_TOL}: the reference "
-            "model is not the initial policy (loaded from another checkpoint, or its weights changed).",
-        )
+    for check in step0_checks(step_metrics, first_of_run=first_step_of_run):
+        if not check.logged or check.passed:
+            continue
+        if check.key == KL_LOSS_KEY:
+            raise CheckFailure(
+                "kl",
+                f"{check.key} = {check.value!r} at the run's first step; expected |kl_loss| < "
+                f"{check.limit}: {_CAUSE[check.key]}",
+            )
+        short = check.key.split("/")[-1]
+        message = f"{check.key} = {check.value!r} at {where}; expected |{short}| < {check.limit}."
+        raise CheckFailure("kl", f"{message} {_CAUSE[check.key]}".rstrip())

@@ -1,8 +1,8 @@
 """Find runs under RUNS_ROOTs: our run directories and foreign console logs (read-only).
 
-A run directory is a folder holding any of run.json, metrics.jsonl, events.jsonl or ranks/
-(so a crashed run without run.json is still found, and shown as "incomplete"); its insides are
-not searched further. A console log is a `*.log` or `*.out` file outside run directories.
+A run directory is a folder holding any of the run-directory files (`rundir.reader.RUN_MARKERS`:
+run.json, the metrics, events.jsonl or ranks/; so a crashed run without run.json is still found,
+and shown as "incomplete"); its insides are not searched further. A console log is a `*.log` or `*.out` file outside run directories.
 Folders are searched 3 levels deep, skipping hidden ones and bulky run sub-folders.
 """
 
@@ -12,16 +12,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpolab.rundir.reader import is_run_dir
+
 LOG_SUFFIXES = (".log", ".out")
-RUN_MARKERS = ("run.json", "metrics.jsonl", "events.jsonl", "ranks")
 SKIP_DIRS = {"checkpoints", "rollouts", "wandb", "diagnose", "checks", "__pycache__", "node_modules"}
 MAX_DEPTH = 3
 Found = dict[str, tuple[Path, str]]
-
-
-def is_run_dir(path: Path) -> bool:
-    """True when `path` holds one of the run-directory files."""
-    return any((path / m).exists() for m in RUN_MARKERS)
 
 
 def discover(roots: Sequence[Path]) -> tuple[Found, list[str]]:

@@ -1,6 +1,8 @@
 """Run health: the eight signals of the Miles monitoring page / manual section 5.1, and the
 step-0 checks of manual section 5.2, each classified ok / watch / red / n/a with the numbers
-that decided it. Pure functions over one run's (kind, step) frame (see `RunStore.frame`).
+that decided it. Pure functions over one run's (kind, step) frame (see `RunStore.frame`) and, for
+the step-0 checks, its first step record (`checkers/step0.py`: the rule `grpolab gate` and the
+in-run KL checker apply; step 0 is the run's first optimizer step, whatever its number).
 
 Thresholds and where they come from (THRESHOLDS below repeats them for the page):
 - the monitoring page's "What to watch" table gives the healthy pattern and the red flag of each
@@ -21,6 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from grpolab.checkers import step0
+from grpolab.rundir.foreign_logs import MetricRecord
 
 WINDOW = 5
 """Steps averaged to read a trend (manual 1.3 / 5.1: 'read the mean over five or more steps')."""
@@ -252,47 +257,54 @@ def health_signals(
     ]
 
 
-STEP0_SOURCE = "manual 5.2 (Miles' --ci-test asserts ppo_kl < 1e-9, pg_clipfrac < 1e-10)"
+STEP0_SOURCE = "manual 5.2 (Miles' --ci-test asserts ppo_kl < 1e-9, pg_clipfrac < 1e-10); checkers/step0.py"
+GAP_SOURCE = "manual 5.2: compare the step-0 gap with the range of your healthy runs; checkers/step0.py"
+GAP_RULE = (
+    f"ok: inside the range; watch: outside; red: > {step0.FAR_FACTOR:g}× its top ('several times your "
+    "range'); a baseline range is their step-0 min..max widened by the margin "
+    "(as `grpolab gate --gap-range auto`)"
+)
+_GAP_STATUS = {"inside": "ok", "outside": "watch", "far": "red"}
 
 
-def step0_value(frame: pd.DataFrame, key: str) -> float | None:
-    """The key's value at train step 0, or None when step 0 is not logged."""
-    s = series(frame, key)
-    return float(s.loc[0]) if 0 in s.index else None
-
-
-def step0_checks(frame: pd.DataFrame, *, gap_range: tuple[float, float] | None = None) -> list[Signal]:
-    """ppo_kl and pg_clipfrac at step 0, and the step-0 gap against a baseline range (lo, hi)."""
+def step0_checks(first: MetricRecord | None, *, gap_range: tuple[float, float] | None = None) -> list[Signal]:
+    """The step-0 rule (`checkers/step0.py`, the gate's and the in-run checker's) on a run's first
+    step record `first` (None: no step logged): ppo_kl, pg_clipfrac, kl_loss when logged (ok / red /
+    n/a when not logged), and the step-0 gap against `gap_range` (lo, hi) (ok / watch / red: outside
+    the range fails the gate either way; red when "far")."""
+    at = "no step logged" if first is None else f"step {first.step}"
     out = []
-    for key, limit in (("train/ppo_kl", 1e-9), ("train/pg_clipfrac", 1e-10)):
-        v = step0_value(frame, key)
-        rule = f"ok: |value| < {limit:g} at step 0; red otherwise"
-        if v is None:
-            out.append(Signal(f"step 0 {key}", key, "n/a", "step 0 not logged", rule, STEP0_SOURCE))
-        else:
-            status = "ok" if abs(v) < limit else "red"
-            out.append(Signal(f"step 0 {key}", key, status, f"{v:.6g}", rule, STEP0_SOURCE))
-    key = "train/train_rollout_logprob_abs_diff"
-    v = step0_value(frame, key)
-    rule = "ok: inside the baseline range; watch: outside; red: > 3× its top ('several times your range')"
-    source = "manual 5.2: compare the step-0 gap with the range of your healthy runs"
+    for check in step0.step0_checks({} if first is None else first.metrics):
+        rule = f"ok: |value| < {check.limit:g} at the first step; red otherwise"
+        if not check.logged:
+            out.append(
+                Signal(f"step 0 {check.key}", check.key, "n/a", f"not logged ({at})", rule, STEP0_SOURCE)
+            )
+            continue
+        status = "ok" if check.passed else "red"
+        out.append(
+            Signal(f"step 0 {check.key}", check.key, status, f"{check.value:.6g} ({at})", rule, STEP0_SOURCE)
+        )
+    key, name = step0.GAP_KEY, "step 0 gap vs baseline"
+    v = None if first is None else first.metrics.get(key)
     if v is None:
-        out.append(Signal("step 0 gap vs baseline", key, "n/a", "step 0 not logged", rule, source))
+        out.append(Signal(name, key, "n/a", f"not logged ({at})", GAP_RULE, GAP_SOURCE))
     elif gap_range is None:
         out.append(
-            Signal("step 0 gap vs baseline", key, "n/a", f"{v:.6g}; no baseline range chosen", rule, source)
+            Signal(name, key, "n/a", f"{v:.6g} ({at}); no baseline range chosen", GAP_RULE, GAP_SOURCE)
         )
     else:
         lo, hi = gap_range
-        status = "ok" if lo <= v <= hi else "red" if v > 3 * hi else "watch"
-        out.append(
-            Signal("step 0 gap vs baseline", key, status, f"{v:.6g} vs [{lo:.6g}, {hi:.6g}]", rule, source)
-        )
+        status = _GAP_STATUS[step0.gap_place(v, lo, hi)]
+        out.append(Signal(name, key, status, f"{v:.6g} ({at}) vs [{lo:.6g}, {hi:.6g}]", GAP_RULE, GAP_SOURCE))
     return out
 
 
-def baseline_gap_range(frames: list[pd.DataFrame]) -> tuple[float, float] | None:
-    """min–max of the baseline runs' step-0 gaps (None when fewer than one run logged step 0)."""
-    values = [step0_value(f, "train/train_rollout_logprob_abs_diff") for f in frames]
-    present = [v for v in values if v is not None]
-    return (min(present), max(present)) if present else None
+def baseline_gap_range(
+    firsts: list[MetricRecord | None], margin: float = step0.DEFAULT_GAP_MARGIN
+) -> tuple[float, float] | None:
+    """The gap range of baseline runs from their first step records (`step0.gap_range_from`: min..max
+    widened by `margin`); None when no baseline logged a finite step-0 gap."""
+    values = [r.metrics.get(step0.GAP_KEY) for r in firsts if r is not None]
+    present = [v for v in values if v is not None and math.isfinite(v)]
+    return step0.gap_range_from(present, margin) if present else None

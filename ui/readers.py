@@ -1,7 +1,8 @@
-"""File readers behind the RunStore: JSON-lines tolerant of a live writer, and records → frames.
+"""Helpers behind the RunStore: metric records → frames, a bounded cache, file signatures.
 
-Pages never call these; they go through `RunStore`. A run being written may end in a
-half-written line (no trailing newline): it is skipped and counted, never raised.
+Pages never call these; they go through `RunStore`. Run-directory files are parsed by
+`grpolab.rundir.reader` (tolerant of a live writer's half-written last line), console logs by
+`grpolab.rundir.foreign_logs`; this module only shapes what they return.
 """
 
 from __future__ import annotations
@@ -10,65 +11,18 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from grpolab.rundir.foreign_logs import ParsedLog
+from grpolab.rundir.foreign_logs import MetricRecord, ParsedLog
 
 INDEX_NAMES = ["kind", "step"]
 """Per-run frame index: kind (rollout | step | perf | eval | ...) and step (the train step for
 `step` rows, the rollout id for every other kind)."""
 TIME_COLUMN = "time"
-
-
-@dataclass
-class JsonLines:
-    """Parsed objects of a .jsonl file and what was skipped.
-
-    Attributes:
-        rows: the JSON objects in file order.
-        partial_last_line: the file ended in a line without newline that did not parse
-            (a writer mid-line); it was skipped.
-        bad_lines: 1-based numbers of other lines that did not parse as a JSON object.
-    """
-
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    partial_last_line: bool = False
-    bad_lines: list[int] = field(default_factory=list)
-
-
-def read_jsonl(path: str | Path) -> JsonLines:
-    """Read a JSON-lines file; missing file → empty result. Blank lines are ignored.
-
-    Raises:
-        OSError: the file exists but cannot be read.
-    """
-    out = JsonLines()
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return out
-    lines = data.split(b"\n")
-    complete = data.endswith(b"\n")
-    last = len(lines) - 1
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict):
-            out.rows.append(obj)
-        elif i == last and not complete:
-            out.partial_last_line = True
-        else:
-            out.bad_lines.append(i + 1)
-    return out
 
 
 def read_json(path: str | Path) -> dict[str, Any] | None:
@@ -80,37 +34,32 @@ def read_json(path: str | Path) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _row_index(rec: dict[str, Any]) -> tuple[str, int] | None:
-    kind = rec.get("kind")
-    idx = rec.get("step") if kind in ("step", "critic-step") else rec.get("rollout_id")
-    if not isinstance(kind, str) or not isinstance(idx, int | float) or isinstance(idx, bool):
-        return None
-    return kind, int(idx)
+def _row_index(rec: MetricRecord) -> tuple[str, int] | None:
+    idx = rec.step if rec.kind in ("step", "critic-step") else rec.rollout_id
+    return None if idx is None else (rec.kind, idx)
 
 
-def records_to_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    """metrics.jsonl-shaped records → a wide frame indexed by (kind, step), one column per key.
+def records_to_frame(records: Iterable[MetricRecord]) -> pd.DataFrame:
+    """Metric records → a wide frame indexed by (kind, step), one column per key.
 
     Records with the same (kind, step) merge key by key, later values winning (Miles' two
     `perf N:` lines become one perf row; a resumed run's re-logged rollout keeps its last value).
     The `time` column holds the latest record time of the row (unix seconds, NaN when unknown).
-    Values that are not numbers become NaN; every column is float64.
+    Records without an index (a step line without step) are left out; every column is float64.
     """
     merged: dict[tuple[str, int], dict[str, Any]] = {}
     for rec in records:
         key = _row_index(rec)
-        metrics = rec.get("metrics")
-        if key is None or not isinstance(metrics, dict):
+        if key is None:
             continue
         row = merged.get(key)
         if row is None:
             row = merged[key] = {}
         last_time = row.get(TIME_COLUMN)
-        row.update(metrics)
+        row.update(rec.metrics)
         row[TIME_COLUMN] = last_time
-        t = rec.get("time")
-        if isinstance(t, int | float) and (last_time is None or t > last_time):
-            row[TIME_COLUMN] = float(t)
+        if rec.time is not None and (last_time is None or rec.time > last_time):
+            row[TIME_COLUMN] = rec.time
     if not merged:
         return empty_frame()
     n = len(merged)
@@ -120,10 +69,8 @@ def records_to_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
             col = columns.get(k)
             if col is None:
                 col = columns[k] = np.full(n, np.nan)
-            try:
+            if v is not None:
                 col[i] = v
-            except (TypeError, ValueError):
-                pass  # not a number: stays NaN
     index = pd.MultiIndex.from_tuples(list(merged), names=INDEX_NAMES)
     time_col = columns.pop(TIME_COLUMN)
     frame = pd.DataFrame(columns, index=index)
@@ -138,8 +85,8 @@ def empty_frame() -> pd.DataFrame:
 
 
 def log_frame(parsed: ParsedLog) -> pd.DataFrame:
-    """A parsed foreign log → the same (kind, step) frame as a run directory's metrics.jsonl."""
-    return records_to_frame(r.as_jsonl() for r in parsed.records)
+    """A parsed foreign log → the same (kind, step) frame as a run directory's metrics."""
+    return records_to_frame(parsed.records)
 
 
 class LRU:

@@ -1,10 +1,11 @@
 """RunStore: the one read-only door the UI pages use to reach runs (TensorBoard DataProvider style).
 
-Sources under each RUNS_ROOT: our run directories (a folder holding run.json, metrics.jsonl,
-events.jsonl or ranks/) and foreign console logs (`*.log`, `*.out` files outside run
-directories: Miles/slime logs, read with `grpolab.rundir.foreign_logs`, the parser `grpolab gate`
-uses). Both come out in one shape: `read_scalars` → a frame indexed by (run, kind, step) where
-step is the train step for `step` rows and the rollout id for every other kind.
+Sources under each RUNS_ROOT: our run directories (a folder holding run.json, the metrics,
+events.jsonl or ranks/; read with `grpolab.rundir.reader`) and foreign console logs (`*.log`,
+`*.out` files outside run directories: Miles/slime logs, read with `grpolab.rundir.foreign_logs`,
+the parser `grpolab gate` uses). Both come out in one shape: `read_scalars` → a frame indexed by
+(run, kind, step) where step is the train step for `step` rows and the rollout id for every other
+kind.
 
 Diagnose outputs: `read_hang_reports` gives each `grpolab diagnose hang` report kept under
 RUN_DIR/diagnose/<UTC stamp>/ (verdict.json and the rank<r>.txt dumps), `read_diagnose` any other
@@ -15,16 +16,14 @@ Every file read is cached by (size, mtime_ns): a call returns the very same obje
 of the files behind it changes. Caches are bounded (LRU). A half-written last line of a live run
 is skipped. Nothing here writes.
 
-Status of a run directory: the final `status` event's value (finished | failed | interrupted);
-without one, "running" when a rank heartbeat is younger than `heartbeat_timeout_s` (5 min), else
-"crashed"; "incomplete" when run.json is missing. A console log carries no status: "running" when
-it grew in the last 5 minutes, else "ended".
+Status of a run directory: `rundir.reader.decide_status` (the final `status` event's value:
+finished | failed | interrupted; without one, "running" when a rank heartbeat is younger than
+`heartbeat_timeout_s` (5 min), else "crashed"); "incomplete" when run.json is missing or unreadable.
+A console log carries no status: "running" when it grew in the last 5 minutes, else "ended".
 """
 
 from __future__ import annotations
 
-import calendar
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,8 +36,10 @@ from grpolab.diagnose.gpu import GPU_FILE
 from grpolab.diagnose.logdoctor import FileScan, read_run_outcome, scan_file
 from grpolab.replay import logprobs
 from grpolab.replay.recording import RolloutRecording, load_rollout
-from grpolab.rundir.foreign_logs import ParsedLog, parse_file
+from grpolab.rundir import reader
+from grpolab.rundir.foreign_logs import MetricRecord, ParsedLog, parse_file
 from grpolab.ui import discovery, readers
+from grpolab.ui.stored_reports import HANG_VERDICT, RANK_DUMP, StoredHangReport, read_text, stamp_order
 
 
 @dataclass(frozen=True)
@@ -72,52 +73,18 @@ class RunInfo:
     warnings: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class StoredHangReport:
-    """One `grpolab diagnose hang` report kept in a run directory.
-
-    Attributes:
-        folder: its folder relative to the run directory (`diagnose/20261130T024635Z`).
-        taken: when it was written, unix seconds: the folder's UTC stamp (`new_dump_dir`'s
-            `%Y%m%dT%H%M%SZ`, `-2`… suffix allowed), else verdict.json's mtime.
-        report: verdict.json (`HangReport.to_dict`: verdict{kind, pattern, hung, title, evidence,
-            rows, next_steps}, hung, progress, ranks, missing_ranks, notes, elapsed_s, ...);
-            {} when it does not parse.
-        dumps: rank → the text of rank<r>.txt (py-spy's stacks of every sample), by rank.
-    """
-
-    folder: str
-    taken: float
-    report: dict[str, Any]
-    dumps: dict[int, str]
-
-
-HANG_VERDICT = "verdict.json"
-"""The file that makes a folder under RUN_DIR/diagnose/ a hang report (written last by `write_dumps`)."""
-_RANK_DUMP = re.compile(r"rank(\d+)\.(txt|json)")
-_STAMP = re.compile(r"(\d{8}T\d{6}Z)(?:-(\d+))?")
-
-
-def _stamp_order(folder: Path) -> tuple[float, int]:
-    """(unix seconds, suffix) of a `20261130T024635Z[-n]` folder; verdict.json's mtime when unstamped."""
-    m = _STAMP.fullmatch(folder.name)
-    if m is None:
-        sig = readers.file_signature(folder / HANG_VERDICT)
-        return (sig[1] / 1e9 if sig else 0.0, 0)
-    return (float(calendar.timegm(time.strptime(m[1], "%Y%m%dT%H%M%SZ"))), int(m[2] or 1))
-
-
-def _read_text(path: Path) -> str:
+def _read_meta(run_json: Path) -> reader.RunMeta | str:
+    """run.json read by the reader, or why it cannot be (the RunDirError's message)."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        return f"(cannot read {path.name}: {e.strerror or e})"
+        return reader.read_run_meta(run_json.parent)
+    except reader.RunDirError as e:
+        return str(e)
 
 
 def _scan_log(path: Path) -> FileScan:
     """The log doctor's scan of one file; an unreadable file gives a FileScan with `error` set. A run
     directory's console.log is scanned with the run's rank errors, as `grpolab diagnose log RUN_DIR`."""
-    run = read_run_outcome(path.parent) if (path.parent / "ranks").is_dir() else None
+    run = read_run_outcome(path.parent) if (path.parent / reader.RANKS_DIR).is_dir() else None
     try:
         return scan_file(path, name=path.name, run=run)
     except OSError as e:
@@ -134,7 +101,11 @@ class RunStore:
     """
 
     def __init__(
-        self, roots: Sequence[str | Path], *, heartbeat_timeout_s: float = 300.0, cache_entries: int = 256
+        self,
+        roots: Sequence[str | Path],
+        *,
+        heartbeat_timeout_s: float = reader.HEARTBEAT_TIMEOUT_S,
+        cache_entries: int = 256,
     ) -> None:
         self.roots = [Path(r).expanduser() for r in roots]
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -145,16 +116,30 @@ class RunStore:
         self.problems: list[str] = []
 
     # ------------------------------------------------------------------ cached file access
-    def _cached(self, path: Path, kind: str, load: Callable[[Path], Any]) -> Any:
-        sig = readers.file_signature(path)
+    def _cached(self, path: Path, kind: str, load: Callable[[Path], Any], sig: Any = False) -> Any:
+        """`load(path)`, cached until `sig` (default: the file's size and mtime) changes."""
+        sig = readers.file_signature(path) if sig is False else sig
         key = (kind, str(path))
         hit = self._files.get(key)
         if hit is not None and hit[0] == sig:
             return hit[1]
         return self._files.put(key, (sig, load(path)))[1]
 
-    def _jsonl(self, path: Path) -> readers.JsonLines:
-        return self._cached(path, "jsonl", readers.read_jsonl)
+    def _jsonl(self, path: Path) -> reader.JsonLines:
+        return self._cached(path, "jsonl", reader.read_jsonl)
+
+    def _metrics(self, path: Path) -> reader.MetricsFile:
+        return self._cached(path / reader.METRICS_FILE, "metrics", reader.read_metrics_file)
+
+    def _meta(self, path: Path) -> reader.RunMeta | str:
+        return self._cached(path / reader.RUN_JSON, "meta", _read_meta)
+
+    def _ranks(self, path: Path) -> list[reader.RankRecord]:
+        files = sorted((path / reader.RANKS_DIR).glob("*.json"))
+        sig = tuple((f.name, readers.file_signature(f)) for f in files)
+        return self._cached(
+            path / reader.RANKS_DIR, "ranks", lambda p: reader.read_ranks(p.parent, retries=0)[0], sig
+        )
 
     def _json(self, path: Path) -> dict[str, Any] | None:
         return self._cached(path, "json", readers.read_json)
@@ -185,10 +170,15 @@ class RunStore:
         if source == "miles log":
             return self._cached(path, "log_frame", lambda p: readers.log_frame(self._log(p)))
         return self._cached(
-            path / "metrics.jsonl",
+            path / reader.METRICS_FILE,
             "frame",
-            lambda p: readers.records_to_frame(self._jsonl(p).rows),
+            lambda p: readers.records_to_frame(self._metrics(path).records),
         )
+
+    def records(self, run_id: str) -> list[MetricRecord]:
+        """One run's metric records in file order (a run directory's or a console log's); cached."""
+        path, source = self._locate(run_id)
+        return self._log(path).records if source == "miles log" else self._metrics(path).records
 
     def read_scalars(self, run_ids: Sequence[str], keys: Sequence[str] | None = None) -> pd.DataFrame:
         """Metrics of several runs → frame indexed by (run, kind, step), columns `keys` + `time`.
@@ -213,7 +203,7 @@ class RunStore:
 
     def _signature(self, run_id: str) -> tuple[int, int] | None:
         path, source = self._locate(run_id)
-        return readers.file_signature(path if source == "miles log" else path / "metrics.jsonl")
+        return readers.file_signature(path if source == "miles log" else path / reader.METRICS_FILE)
 
     def metric_keys(self, run_ids: Sequence[str]) -> list[str]:
         """Sorted metric keys logged by any of the runs (without `time`)."""
@@ -224,25 +214,32 @@ class RunStore:
         return sorted(keys)
 
     def read_run_json(self, run_id: str) -> dict[str, Any]:
-        """run.json of a run directory ({} when missing or a log)."""
+        """run.json of a run directory as written ({} when missing, unreadable or a log)."""
+        meta = self.read_meta(run_id)
+        return {} if meta is None else meta.raw
+
+    def read_meta(self, run_id: str) -> reader.RunMeta | None:
+        """run.json read by `rundir.reader` (config through Config.from_dict); None when missing,
+        unreadable or a log."""
         path, source = self._locate(run_id)
-        return {} if source != "grpolab" else (self._json(path / "run.json") or {})
+        meta = self._meta(path) if source == "grpolab" else None
+        return meta if isinstance(meta, reader.RunMeta) else None
 
     def read_config(self, run_id: str) -> dict[str, Any]:
         """The resolved config: run.json `config` sections plus `seed`; a log: {"flags": {...}}."""
         path, source = self._locate(run_id)
         if source != "grpolab":
             return {"flags": dict(self._log(path).flags)}
-        run = self.read_run_json(run_id)
-        config = dict(run.get("config") or {})
-        if "seed" in run:
-            config["seed"] = run["seed"]
+        meta = self.read_meta(run_id)
+        config = {} if meta is None else dict(meta.config_dict)
+        if meta is not None and "seed" in meta.raw:
+            config["seed"] = meta.raw["seed"]
         return config
 
     def read_events(self, run_id: str) -> list[dict[str, Any]]:
         """events.jsonl objects in order ([] for logs or when missing)."""
         path, source = self._locate(run_id)
-        return [] if source != "grpolab" else self._jsonl(path / "events.jsonl").rows
+        return [] if source != "grpolab" else self._jsonl(path / reader.EVENTS_FILE).rows
 
     def list_rollouts(self, run_id: str) -> dict[int, Path]:
         """Recorded rollouts of a run: rollout id → .grz path (events first, then rollouts/*.grz)."""
@@ -300,12 +297,12 @@ class RunStore:
         return hit or None
 
     def step_records(self, run_id: str, rollout_id: int) -> list[dict[str, Any]]:
-        """metrics.jsonl `step` records of one rollout, in order ([] for logs)."""
+        """The run's `step` records of one rollout, in order, in the metrics file's shape ([] for logs)."""
         path, source = self._locate(run_id)
         if source != "grpolab":
             return []
-        rows = self._jsonl(path / "metrics.jsonl").rows
-        return [r for r in rows if r.get("kind") == "step" and r.get("rollout_id") == rollout_id]
+        records = self._metrics(path).records
+        return [r.as_jsonl() for r in records if r.kind == "step" and r.rollout_id == rollout_id]
 
     def read_gpu(self, run_id: str) -> pd.DataFrame:
         """gpu.jsonl samples (time, throttle fields, ...) as a frame; empty when absent."""
@@ -327,10 +324,10 @@ class RunStore:
             folder = verdict.parent
             dumps = {}
             for f in folder.glob("rank*.txt"):
-                m = _RANK_DUMP.fullmatch(f.name)
+                m = RANK_DUMP.fullmatch(f.name)
                 if m:
-                    dumps[int(m[1])] = self._cached(f, "text", _read_text)
-            order = _stamp_order(folder)
+                    dumps[int(m[1])] = self._cached(f, "text", read_text)
+            order = stamp_order(folder)
             rel = folder.relative_to(path).as_posix()
             report = StoredHangReport(rel, order[0], self._json(verdict) or {}, dict(sorted(dumps.items())))
             out.append((order, report))
@@ -345,7 +342,7 @@ class RunStore:
         path, _ = self._locate(run_id)
         out = []
         for f in self._diagnose_files(run_id):
-            m = _RANK_DUMP.fullmatch(f.name)
+            m = RANK_DUMP.fullmatch(f.name)
             if f.name == HANG_VERDICT or (m and (f.parent / f"rank{m[1]}.txt").exists()):
                 continue
             obj = self._json(f)
@@ -373,32 +370,32 @@ class RunStore:
         if source == "miles log":
             return self._log_info(run_id, path)
         warnings: list[str] = []
-        run = self._json(path / "run.json")
-        metrics = self._jsonl(path / "metrics.jsonl")
+        meta = self._meta(path)
+        metrics = self._metrics(path)
+        name = metrics.path.name
         if metrics.partial_last_line:
-            warnings.append("metrics.jsonl ends in a half-written line (skipped)")
+            warnings.append(f"{name} ends in a half-written line (skipped)")
         if metrics.bad_lines:
-            warnings.append(f"metrics.jsonl lines {metrics.bad_lines[:5]} do not parse (skipped)")
+            warnings.append(f"{name} lines {[n for n, _ in metrics.bad_lines[:5]]} do not parse (skipped)")
         frame = self.frame(run_id)
-        if run is None:
-            warnings.append("run.json is missing")
-            status = "incomplete"
+        if isinstance(meta, str):
+            warnings.append(f"{reader.RUN_JSON} is missing" if "no such file" in meta else meta)
+            meta, status = None, "incomplete"
         else:
             status = self._status(path)
-        config = (run or {}).get("config") or {}
-        env = (run or {}).get("environment") or {}
+            warnings += [meta.config_error] if meta.config_error else []
         return RunInfo(
             run_id=run_id,
-            name=str((run or {}).get("name") or path.name),
+            name=path.name if meta is None else meta.name,
             path=path,
             source="grpolab",
             status=status,
             steps=readers.count_steps(frame),
             last_reward=readers.last_value(frame, "rollout/raw_reward"),
-            model=(config.get("model") or {}).get("hf_checkpoint"),
-            seed=(run or {}).get("seed"),
-            start_time=(run or {}).get("start_time"),
-            deterministic=dict(env.get("deterministic") or {}),
+            model=None if meta is None else meta.model,
+            seed=None if meta is None else meta.seed,
+            start_time=None if meta is None else meta.start_time,
+            deterministic=dict(meta.environment.get("deterministic") or {}) if meta else {},
             warnings=tuple(warnings),
         )
 
@@ -432,16 +429,9 @@ class RunStore:
         )
 
     def _status(self, path: Path) -> str:
-        for ev in reversed(self._jsonl(path / "events.jsonl").rows):
-            if ev.get("event") == "status":
-                return str(ev.get("status", "unknown"))
-        beats = []
-        ranks = path / "ranks"
-        if ranks.is_dir():
-            for f in ranks.glob("*.json"):
-                hb = (self._json(f) or {}).get("heartbeat") or {}
-                if isinstance(hb.get("time"), int | float):
-                    beats.append(hb["time"])
-        if beats and time.time() - max(beats) < self.heartbeat_timeout_s:
-            return "running"
-        return "crashed"
+        """`reader.decide_status` over the cached events and rank files."""
+        final = reader.status_event_of(self._jsonl(path / reader.EVENTS_FILE).rows)
+        beats = [t for t in (r.heartbeat_time for r in self._ranks(path)) if t is not None]
+        return reader.decide_status(
+            final, beats, now=time.time(), heartbeat_timeout_s=self.heartbeat_timeout_s
+        )

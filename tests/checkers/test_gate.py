@@ -137,6 +137,18 @@ def test_step0_clipfrac_is_checked_too(tmp_path: Path) -> None:
     assert [c.passed for c in report.checks] == [True, False]
 
 
+def test_step0_kl_loss_is_checked_when_logged(tmp_path: Path) -> None:
+    # --use-kl-loss runs log train/kl_loss: at step 0 the policy is the reference (Miles check_kl, < 1e-9)
+    report = gate(miles_log(tmp_path, {0: step0(train__kl_loss=1e-6)}), step0_kl=1e-9)
+    assert [(c.key, c.passed) for c in report.checks] == [
+        ("train/ppo_kl", True),
+        ("train/pg_clipfrac", True),
+        ("train/kl_loss", False),
+    ]
+    assert report.checks[2].expectation == "|x| < 1e-09 (Miles)" and "reference" in report.checks[2].detail
+    assert gate(miles_log(tmp_path, {0: step0(train__kl_loss=0.0)}, "ok.log"), step0_kl=1e-9).passed
+
+
 def test_first_step_of_a_resumed_log_is_the_one_checked(tmp_path: Path) -> None:
     # A resumed Miles run's first step line is `step 2` (manual: save/restart test); that step is checked.
     report = gate(miles_log(tmp_path, {2: step0(train__ppo_kl=0.5), 3: step0()}), step0_kl=1e-9)
@@ -282,18 +294,8 @@ def test_json_error_document_and_nan_values(capsys: pytest.CaptureFixture[str], 
 # --- our own run directory ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def own_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpolab.cli import build_parser, config_from_args
-    from grpolab.core.loop import train
-
-    run_dir = tmp_path_factory.mktemp("gate") / "run"
-    argv = ["train", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "1"]
-    train(config_from_args(build_parser().parse_args([*argv, "--no-progress", "--run-dir", str(run_dir)])))
-    return run_dir
-
-
-def test_own_run_dir_passes_step0_kl(capsys: pytest.CaptureFixture[str], own_run: Path) -> None:
+def test_own_run_dir_passes_step0_kl(capsys: pytest.CaptureFixture[str], short_run: Path) -> None:
+    own_run = short_run  # a real `grpolab train` run directory (tests/conftest.py)
     code, out, _ = run(capsys, str(own_run), "--step0-kl", "1e-9")
     assert code == 0, out
     assert f"(read {own_run / 'metrics.jsonl'})" in out and "step 0 @ metrics.jsonl:" in out

@@ -8,8 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from grpolab.ui import analysis
-from grpolab.ui.readers import records_to_frame
+from grpolab.rundir.reader import metric_record
+from grpolab.ui import analysis, readers
+
+
+def records_to_frame(rows):
+    """The frame of metrics-file shaped dicts (as the reader would read them)."""
+    return readers.records_to_frame(metric_record(r) for r in rows)
 
 
 def _scalars(

@@ -7,8 +7,14 @@ import math
 import pandas as pd
 import pytest
 
-from grpolab.ui import health
-from grpolab.ui.readers import records_to_frame
+from grpolab.rundir.foreign_logs import MetricRecord
+from grpolab.rundir.reader import metric_record
+from grpolab.ui import health, readers
+
+
+def records_to_frame(rows):
+    """The frame of metrics-file shaped dicts (as the reader would read them)."""
+    return readers.records_to_frame(metric_record(r) for r in rows)
 
 
 def _frame(**columns: list[float]) -> pd.DataFrame:
@@ -131,31 +137,31 @@ def test_zero_std_share() -> None:
     assert health.zero_std_signal(_frame(**{"rollout/raw_reward": [0.5]}), 32).status == "n/a"
 
 
+def _step(step: int, **metrics: float) -> MetricRecord:
+    return MetricRecord("step", step, step, {k.replace("__", "/"): v for k, v in metrics.items()})
+
+
 def test_step0_checks() -> None:
-    frame = _frame(
-        **{
-            "train/ppo_kl": [0.0, 0.01],
-            "train/pg_clipfrac": [0.0, 0.1],
-            "train/train_rollout_logprob_abs_diff": [0.0153, 0.02],
-        }
-    )
-    checks = {c.name: c for c in health.step0_checks(frame, gap_range=(0.0148, 0.0157))}
-    assert checks["step 0 train/ppo_kl"].status == "ok" and checks["step 0 train/pg_clipfrac"].status == "ok"
-    assert checks["step 0 gap vs baseline"].status == "ok"
-    bad = _frame(
-        **{
-            "train/ppo_kl": [2e-9],
-            "train/pg_clipfrac": [1e-9],
-            "train/train_rollout_logprob_abs_diff": [0.05],
-        }
-    )
+    ok = _step(0, train__ppo_kl=0.0, train__pg_clipfrac=0.0, train__train_rollout_logprob_abs_diff=0.0153)
+    checks = {c.name: c for c in health.step0_checks(ok, gap_range=(0.0148, 0.0157))}
+    assert list(checks) == ["step 0 train/ppo_kl", "step 0 train/pg_clipfrac", "step 0 gap vs baseline"]
+    assert [c.status for c in checks.values()] == ["ok", "ok", "ok"]
+    assert checks["step 0 gap vs baseline"].evidence == "0.0153 (step 0) vs [0.0148, 0.0157]"
+    # step 0 is the first step record, whatever its number (a resumed run's first step)
+    bad = _step(7, train__ppo_kl=2e-9, train__pg_clipfrac=1e-9, train__kl_loss=1e-6)
+    bad.metrics["train/train_rollout_logprob_abs_diff"] = 0.05
     checks = {c.name: c for c in health.step0_checks(bad, gap_range=(0.0148, 0.0157))}
-    assert [c.status for c in checks.values()] == ["red", "red", "red"]  # 0.05 > 3 × 0.0157
-    mid = _frame(**{"train/train_rollout_logprob_abs_diff": [0.02]})
-    assert health.step0_checks(mid, gap_range=(0.0148, 0.0157))[2].status == "watch"
+    assert [c.status for c in checks.values()] == ["red"] * 4  # 0.05 > 3 × 0.0157; kl_loss logged: checked
+    assert checks["step 0 train/ppo_kl"].evidence == "2e-09 (step 7)"
+    mid = _step(0, train__train_rollout_logprob_abs_diff=0.02)
+    assert [c.status for c in health.step0_checks(mid, gap_range=(0.0148, 0.0157))] == ["n/a", "n/a", "watch"]
     assert health.step0_checks(mid)[2].status == "n/a"
-    baseline = [_frame(**{"train/train_rollout_logprob_abs_diff": [v]}) for v in (0.0148, 0.0157, 0.0150)]
-    assert health.baseline_gap_range(baseline) == (0.0148, 0.0157)
+    assert [c.status for c in health.step0_checks(None)] == ["n/a"] * 3
+    baseline = [_step(0, train__train_rollout_logprob_abs_diff=v) for v in (0.0148, 0.0157, 0.0150)]
+    assert health.baseline_gap_range([*baseline, None], margin=0) == (0.0148, 0.0157)
+    lo, hi = health.baseline_gap_range(baseline)  # the gate's default --gap-margin 0.1
+    assert (lo, hi) == pytest.approx((0.0148 * 0.9, 0.0157 * 1.1))
+    assert health.baseline_gap_range([_step(0, train__ppo_kl=0.0)]) is None
 
 
 def test_eight_signals_in_order() -> None:

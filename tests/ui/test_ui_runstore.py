@@ -61,7 +61,7 @@ def _run(folder: Path, *, steps: int = 3, status: str | None = "finished", run_j
 
 def _heartbeat(folder: Path, t: float) -> None:
     (folder / "ranks" / "0.json").write_text(
-        json.dumps({"rank": 0, "heartbeat": {"phase": "rollout", "time": t}})
+        json.dumps({"rank": 0, "pid": 4242, "host": "vm", "heartbeat": {"phase": "rollout", "time": t}})
     )
 
 

@@ -8,6 +8,7 @@ import streamlit as st
 from pandas.io.formats.style import Styler
 from plotly.subplots import make_subplots
 
+from grpolab.checkers import step0
 from grpolab.ui import health, state
 
 PLOTTED = [
@@ -76,12 +77,23 @@ if run is not None:
     )
 
     st.subheader("Step-0 checks")
+    st.caption("Step 0 is the run's first optimizer step (its first step record); the rules are those of "
+               "`grpolab gate` and the in-run KL checker (checkers/step0.py).")  # fmt: skip
     others = [r.run_id for r in runs if r.run_id != run]
     baseline = st.multiselect("Baseline runs for the step-0 gap range", others, key="health_baseline")
-    gap_range = health.baseline_gap_range([store.frame(b) for b in baseline]) if baseline else None
+    margin = st.number_input(
+        "Gap margin (relative widening of the baseline range, as `grpolab gate --gap-margin`)",
+        min_value=0.0,
+        value=step0.DEFAULT_GAP_MARGIN,
+        step=0.05,
+        key="health_gap_margin",
+    )
+    firsts = [step0.first_step(store.records(b)) for b in baseline]
+    gap_range = health.baseline_gap_range(firsts, float(margin)) if baseline else None
     if baseline and gap_range is None:
-        st.warning("None of the baseline runs logged step 0.")
-    st.dataframe(_table(health.step0_checks(frame, gap_range=gap_range)), hide_index=True, width="stretch")
+        st.warning("None of the baseline runs logged a step-0 gap.")
+    first = step0.first_step(store.records(run))
+    st.dataframe(_table(health.step0_checks(first, gap_range=gap_range)), hide_index=True, width="stretch")
 
     present = [k for k in PLOTTED if k in frame.columns and frame[k].notna().any()]
     if present:

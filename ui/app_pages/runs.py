@@ -37,7 +37,7 @@ if runs:
     st.dataframe(table, hide_index=True, width="stretch")
     st.caption(
         "status: finished / failed / interrupted from the run's final status event; running = no status "
-        "event and a rank heartbeat younger than 5 min; crashed = neither; incomplete = no run.json. "
+        "event and a rank heartbeat younger than 5 min; crashed = neither; incomplete = no readable run.json. "
         "A console log has no status event: running = it grew in the last 5 min, else ended. "
         "last reward = the last logged rollout/raw_reward."
     )
