@@ -158,6 +158,41 @@ def _text(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(_jsonable(v), ensure_ascii=False)
 
 
+def _response(d: dict[str, Any], n_tokens: int, where: str) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """(response length R, float32 [R] rollout log-probs, float32 [R] loss mask) of one Miles sample."""
+    R = _scalar_int(d["response_length"], f"{where}: response_length")
+    if not 0 <= R < n_tokens:
+        raise RecordingError(
+            f"{where}: response_length {R} must be in [0, {n_tokens}) for {n_tokens} tokens (prompt must be non-empty)"
+        )
+    logp = _float_tensor(d["rollout_log_probs"], f"{where}: rollout_log_probs")
+    if logp.numel() != R:
+        raise RecordingError(
+            f"{where}: rollout_log_probs has {logp.numel()} values but response_length is {R}"
+        )
+    mask = (
+        torch.ones(R) if d.get("loss_mask") is None else _float_tensor(d["loss_mask"], f"{where}: loss_mask")
+    )
+    if mask.numel() != R:
+        raise RecordingError(f"{where}: loss_mask has {mask.numel()} values but response_length is {R}")
+    if d.get("remove_sample"):
+        mask.zero_()
+    return R, logp, mask
+
+
+def _metadata(d: dict[str, Any], miles_index: int) -> dict[str, Any]:
+    """The sample's metadata plus what grpolab has no field for: Miles status and index, a dict
+    reward, chat messages."""
+    meta = _jsonable(d.get("metadata") or {})
+    meta = meta if isinstance(meta, dict) else {"miles_metadata": meta}
+    meta.update(miles_status=str(d["status"]), miles_index=miles_index)
+    if isinstance(d["reward"], dict):
+        meta["miles_reward"] = _jsonable(d["reward"])
+    if d.get("prompt") is not None and not isinstance(d["prompt"], str):
+        meta["messages"] = _jsonable(d["prompt"])
+    return meta
+
+
 def miles_samples(
     dump: dict[str, Any], *, name: str = "<dump>", reward_key: str | None = None
 ) -> list[Sample]:
@@ -186,34 +221,9 @@ def miles_samples(
                 + (f" (also {missing[1:]})" if len(missing) > 1 else "")
             )
         tokens = _int_list(d["tokens"], f"{where}: tokens")
-        R = _scalar_int(d["response_length"], f"{where}: response_length")
-        if not 0 <= R < len(tokens):
-            raise RecordingError(
-                f"{where}: response_length {R} must be in [0, {len(tokens)}) for {len(tokens)} tokens (prompt must be non-empty)"
-            )
-        logp = _float_tensor(d["rollout_log_probs"], f"{where}: rollout_log_probs")
-        if logp.numel() != R:
-            raise RecordingError(
-                f"{where}: rollout_log_probs has {logp.numel()} values but response_length is {R}"
-            )
-        mask = (
-            torch.ones(R)
-            if d.get("loss_mask") is None
-            else _float_tensor(d["loss_mask"], f"{where}: loss_mask")
-        )
-        if mask.numel() != R:
-            raise RecordingError(f"{where}: loss_mask has {mask.numel()} values but response_length is {R}")
-        if d.get("remove_sample"):
-            mask.zero_()
+        R, logp, mask = _response(d, len(tokens), where)
         group = _scalar_int(d["group_index"], f"{where}: group_index")
-        miles_index = _scalar_int(d["index"], f"{where}: index")
-        meta = _jsonable(d.get("metadata") or {})
-        meta = meta if isinstance(meta, dict) else {"miles_metadata": meta}
-        meta.update(miles_status=str(d["status"]), miles_index=miles_index)
-        if isinstance(d["reward"], dict):
-            meta["miles_reward"] = _jsonable(d["reward"])
-        if d.get("prompt") is not None and not isinstance(d["prompt"], str):
-            meta["messages"] = _jsonable(d["prompt"])
+        meta = _metadata(d, _scalar_int(d["index"], f"{where}: index"))
         P = len(tokens) - R
         samples.append(
             Sample(
