@@ -14,7 +14,7 @@ import sys
 
 from grpolab.checkers.hash_command import add_hash_parser, run_hash_command
 from grpolab.core.config.flags import add_train_flags, config_from_args
-from grpolab.core.launch import add_launch_flags, check_device, launch_torchrun
+from grpolab.core.launch import add_launch_flags, check_on_this_machine, launch_torchrun
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +68,7 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
     """
     try:
         config = config_from_args(args)
-        check_device(config.model.device)
+        check_on_this_machine(config)
     except ValueError as e:
         subcommand_parser(parser, "train").error(str(e))  # usage: grpolab train …, exit 2
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:

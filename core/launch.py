@@ -1,8 +1,8 @@
-"""Starting `grpolab train` on this machine: the device check and the torchrun re-launch for N ranks.
+"""Starting `grpolab train` on this machine: the device and checkpoint-path checks and the torchrun re-launch.
 
 `--nproc-per-node N` re-runs the same command under torchrun (`torch.distributed.run --standalone`)
-and forwards SIGTERM/SIGHUP to it. The device check lives here, not in the config, because it is a
-fact about this machine, not about the run: a GPU run's run.json must read back on a CPU machine.
+and forwards SIGTERM/SIGHUP to it. The device and path checks live here, not in the config: they are
+facts about this machine, not about the run, and a GPU run's run.json must read back on a CPU machine.
 """
 
 from __future__ import annotations
@@ -11,6 +11,11 @@ import argparse
 import signal
 import subprocess
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpolab.core.config import Config
 
 
 def add_launch_flags(parser: argparse.ArgumentParser) -> None:
@@ -23,20 +28,31 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_device(device: str) -> None:
-    """Check that `device` ("cpu", "cuda" or "cuda:N", as `--device` allows) exists on this machine.
+def check_on_this_machine(config: Config) -> None:
+    """Check what the config names on this machine: the `--device` and the checkpoint paths.
 
+    These are facts about the machine, not about the run, so `Config` does not check them: a GPU
+    run's run.json, or one whose `--load` directory lives on another host, must read back here.
     Imports torch only for a CUDA device.
 
     Raises:
-        ValueError: a CUDA device on a torch build or machine without CUDA (the message names --device).
+        ValueError: a CUDA `--device` on a torch build or machine without CUDA; `--save` naming a
+            file; `--load` naming no directory (each message names the flag).
     """
-    if not device.startswith("cuda"):
-        return
-    import torch
+    device = config.model.device
+    if device.startswith("cuda"):
+        import torch
 
-    if not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: this torch build or machine has no CUDA device")
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: this torch build or machine has no CUDA device")
+    save, load = config.checkpoint.save, config.checkpoint.load
+    if save is not None and Path(save).is_file():
+        raise ValueError(f"--save {save}: is a file; expected a directory for checkpoints")
+    if load is not None and not Path(load).is_dir():
+        raise ValueError(
+            f"--load {load}: no such directory (give the --save directory of a run; "
+            "an existing empty directory starts fresh)"
+        )
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:

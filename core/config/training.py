@@ -6,7 +6,6 @@ The string after each field is its documentation and the help text of its `grpol
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from grpolab.core.config.validation import require
 
@@ -124,7 +123,11 @@ class ColocateConfig:
 
 @dataclass(kw_only=True)
 class CheckpointConfig:
-    """Checkpoints: where to save, how often, where to resume from."""
+    """Checkpoints: where to save, how often, where to resume from.
+
+    Whether the --save/--load paths exist is checked at run start (`core.launch.check_on_this_machine`),
+    not here: a run.json must read back on a machine that lacks the run's directories.
+    """
 
     save: str | None = None
     """Checkpoint directory."""
@@ -140,13 +143,3 @@ class CheckpointConfig:
             f"--save-interval must be >= 1, got {self.save_interval}",
         )
         require(self.save_interval is None or self.save is not None, "--save-interval needs --save DIR")
-        if self.save is not None:
-            require(
-                not Path(self.save).is_file(),
-                f"--save {self.save}: is a file; expected a directory for checkpoints",
-            )
-        if self.load is not None:
-            require(
-                Path(self.load).is_dir(),
-                f"--load {self.load}: no such directory (give the --save directory of a run; an existing empty directory starts fresh)",
-            )

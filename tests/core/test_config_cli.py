@@ -212,6 +212,15 @@ def test_a_gpu_runs_config_reads_back_on_this_machine() -> None:
         Config.from_dict(data)
 
 
+def test_a_run_whose_checkpoints_live_elsewhere_reads_back(tmp_path) -> None:
+    """run.json naming --load/--save directories of another host parses; `grpolab train` checks them."""
+    data = parse().to_dict()
+    data["checkpoint"].update(load="/elsewhere/ckpt", save="/elsewhere/ckpt", save_interval=2)
+    assert Config.from_dict(data).checkpoint.load == "/elsewhere/ckpt"
+    with pytest.raises(ValueError, match="--save-interval must be >= 1"):
+        Config.from_dict({**data, "checkpoint": {"save": "x", "save_interval": 0}})
+
+
 def test_config_round_trips_through_dict() -> None:
     cfg = parse("--lr", "1e-3", "--use-kl-loss", "--kl-loss-coef", "0.01")
     again = Config.from_dict(cfg.to_dict())
