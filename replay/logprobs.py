@@ -36,6 +36,7 @@ import numpy as np
 from grpolab.core.atomic import atomic_write_bytes
 from grpolab.replay.logprob_gap import reduce_gap, sample_gaps, step_windows
 from grpolab.rundir.reader import read_events, read_run_meta
+from grpolab.rundir.recordings import locate, recorded_rollouts
 
 if TYPE_CHECKING:
     from grpolab.core.batch import Sample
@@ -114,14 +115,6 @@ def result_path(run_dir: str | Path, rollout_id: int) -> Path:
     return Path(run_dir) / "logprobs" / f"rollout_{rollout_id}.json"
 
 
-def _find(path: str, run_dir: Path) -> Path | None:
-    """A path as the trainer saw it (absolute, or relative to its cwd) → an existing path, tried as
-    given, under the current directory, the run directory and its parents."""
-    p = Path(path)
-    candidates = [p] if p.is_absolute() else [Path.cwd() / p, run_dir / p, *(d / p for d in run_dir.parents)]
-    return next((c for c in candidates if c.exists()), None)
-
-
 def _run_config(run_dir: Path) -> tuple[Config, int]:
     """(the run's config, its world size) from run.json through the run-directory reader.
 
@@ -139,7 +132,7 @@ def weights_for_rollout(
 ) -> WeightsSource | str:
     """The trainer weights that scored `rollout_id`, or a sentence saying why they are not available."""
     hf = config.model.hf_checkpoint
-    found = _find(hf, run_dir)
+    found = locate(run_dir, hf)
     if found is None:
         return f"--hf-checkpoint {hf} is not on this machine"
     debug = config.debug
@@ -156,7 +149,7 @@ def weights_for_rollout(
             ev.get("event") == "resume" and ev.get("found") and ev.get("next_rollout_id") == rollout_id
         )
         if saved_before and ev.get("path"):
-            ckpt = _find(str(ev["path"]), run_dir)
+            ckpt = locate(run_dir, str(ev["path"]))
             if ckpt is not None and (ckpt / "model.safetensors").is_file():
                 return WeightsSource(
                     str(found), str(ckpt), f"checkpoint {ckpt.name} (saved before rollout {rollout_id})"
@@ -174,6 +167,9 @@ def recording_of(config: Config, events: list[dict[str, Any]], rollout_id: int, 
     Raises:
         LogprobsError: the run recorded no such rollout, or the file is not here.
     """
+    found = recorded_rollouts(run_dir, events).get(rollout_id)
+    if found is not None:
+        return found
     named = [
         str(e["path"])
         for e in events
@@ -182,10 +178,9 @@ def recording_of(config: Config, events: list[dict[str, Any]], rollout_id: int, 
     template = config.debug.save_debug_rollout_data
     if template:
         named.append(template.replace("{rollout_id}", str(rollout_id)))
-    for name in named:
-        for found in (_find(name, run_dir), run_dir / "rollouts" / Path(name).name):
-            if found is not None and found.is_file():
-                return found
+        found = locate(run_dir, named[-1])
+        if found is not None and found.is_file():
+            return found
     recorded = sorted({e["rollout_id"] for e in events if e.get("event") == "rollout_recorded"})
     if not named:
         raise LogprobsError(
@@ -391,7 +386,7 @@ def token_texts(run_dir: str | Path, token_ids: list[int]) -> list[str] | None:
         config, _ = _run_config(run_dir)
     except ValueError:
         return None
-    found = _find(config.model.hf_checkpoint, run_dir)
+    found = locate(run_dir, config.model.hf_checkpoint)
     if found is None:
         return None
     from grpolab.core.modeling import load_tokenizer

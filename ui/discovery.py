@@ -66,14 +66,3 @@ def _walk(root: Path, folder: Path, prefix: str, depth: int, found: Found, probl
                 _walk(root, path, prefix, depth + 1, found, problems)
         elif entry.name.endswith(LOG_SUFFIXES):
             found[rel] = (path, "miles log")
-
-
-def resolve_recording(run_dir: Path, recorded: str) -> Path | None:
-    """A recording path as the trainer wrote it (absolute, or relative to its cwd) → an existing
-    file: tried as given, under the run directory and its parents, then as rollouts/<name>."""
-    if not recorded:
-        return None
-    p = Path(recorded)
-    candidates = [p] if p.is_absolute() else [run_dir / p, *(parent / p for parent in run_dir.parents)]
-    candidates.append(run_dir / "rollouts" / p.name)
-    return next((c for c in candidates if c.is_file()), None)

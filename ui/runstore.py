@@ -36,7 +36,7 @@ from grpolab.diagnose.gpu import GPU_FILE
 from grpolab.diagnose.logdoctor import FileScan, read_run_outcome, scan_file
 from grpolab.replay import logprobs
 from grpolab.replay.recording import RolloutRecording, load_rollout
-from grpolab.rundir import reader
+from grpolab.rundir import reader, recordings
 from grpolab.rundir.foreign_logs import MetricRecord, ParsedLog, parse_file
 from grpolab.ui import discovery, readers
 from grpolab.ui.stored_reports import HANG_VERDICT, RANK_DUMP, StoredHangReport, read_text, stamp_order
@@ -246,19 +246,7 @@ class RunStore:
         path, source = self._locate(run_id)
         if source != "grpolab":
             return {}
-        out: dict[int, Path] = {}
-        for ev in self.read_events(run_id):
-            if ev.get("event") == "rollout_recorded" and isinstance(ev.get("rollout_id"), int):
-                found = discovery.resolve_recording(path, str(ev.get("path", "")))
-                if found is not None:
-                    out[ev["rollout_id"]] = found
-        folder = path / "rollouts"
-        if folder.is_dir():
-            for f in sorted(folder.glob("*.grz")):
-                digits = "".join(ch for ch in f.stem if ch.isdigit())
-                if digits and "eval" not in f.stem and int(digits) not in out:
-                    out[int(digits)] = f
-        return dict(sorted(out.items()))
+        return recordings.recorded_rollouts(path, self.read_events(run_id))
 
     def read_rollout(self, run_id: str, rollout_id: int) -> RolloutRecording | None:
         """The recorded rollout (`replay.recording.load_rollout`), or None when not recorded.
