@@ -3,7 +3,7 @@
 `decide_progress` takes what the command observed and returns one of four outcomes (`OUTCOMES`):
 - hung if a rank of a run directory exited (pid gone or reused) while the run wrote no final status:
   the other ranks cannot finish a collective without it, whatever else moves;
-- progressed if any `ranks/*.json`, `metrics.jsonl` or `events.jsonl` changed while the ranks were
+- progressed if any `ranks/*.json`, the metrics file or `events.jsonl` changed while the ranks were
   sampled (a heartbeat, a metric line or an event was written: the run moves);
 - otherwise hung if every rank's stack is identical in both samples (nothing moved in `--interval`
   seconds: the AReaL guide's step 1 "confirm the hang", done by machine);
@@ -116,6 +116,32 @@ def _unseen(
     return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class _Watch:
+    """What every branch of the rule words its reason with (ages in seconds)."""
+
+    fields: dict[str, Any]
+    """The ProgressCheck fields every outcome carries."""
+    scope: str
+    """What the samples did not cover, as a reason's prefix ("" when every rank was compared)."""
+    age: float | None
+    interval_s: float
+    samples: int
+    stall_text: str
+
+    @property
+    def stale(self) -> bool:
+        """The newest heartbeat / metrics / event is at least --stall-seconds old."""
+        return self.age is not None and self.age >= self.fields["stall_seconds"]
+
+    @property
+    def age_text(self) -> str:
+        return "" if self.age is None else f"the newest heartbeat/metrics/event is {self.age:.1f} s old"
+
+    def check(self, outcome: str, reason: str, note: str | None = None) -> ProgressCheck:
+        return ProgressCheck(outcome, reason, note=note, **self.fields)
+
+
 def decide_progress(
     *,
     files_changed: Sequence[str],
@@ -150,7 +176,7 @@ def decide_progress(
         ranks_total: how many ranks there are (default: those compared plus those listed above).
     """
     not_inspected, gone = dict(ranks_not_inspected or {}), dict(ranks_gone or {})
-    common: dict[str, Any] = dict(
+    fields: dict[str, Any] = dict(
         interval_s=interval_s,
         stall_seconds=stall_seconds,
         newest_activity_age_s=newest_activity_age_s,
@@ -165,82 +191,99 @@ def decide_progress(
     )
     unseen = _unseen(ranks_compared, not_inspected, gone, ranks_not_dumped, ranks_total)
     scope = f"{unseen}; " if unseen else ""
-    age = newest_activity_age_s
-    stale = age is not None and age >= stall_seconds
-    age_text = "" if age is None else f"the newest heartbeat/metrics/event is {age:.1f} s old"
-    stall_text = f"--stall-seconds {stall_seconds:g}"
-    if ranks_exited:
-        return ProgressCheck(
-            "hung",
-            f"{scope}{_ranks(sorted(ranks_exited))} exited and the run wrote no final status: the other "
-            "ranks cannot finish a collective without it",
-            **common,
-        )
-    if files_changed:
-        shown = ", ".join(files_changed[:4]) + (" …" if len(files_changed) > 4 else "")
-        when = (
-            f"during the {interval_s:g} s between the two samples"
-            if samples >= 2
-            else "while its ranks were sampled"
-        )
-        return ProgressCheck("progressed", f"the run wrote {shown} {when}", **common)
+    watch = _Watch(
+        fields, scope, newest_activity_age_s, interval_s, samples, f"--stall-seconds {stall_seconds:g}"
+    )
+    decided = _rank_lost_or_file_written(watch, ranks_exited, files_changed)
+    if decided is not None:
+        return decided
     if not ranks_compared:
-        what = "only one sample was taken" if samples < 2 else "no rank could be sampled twice"
-        if stale:
-            return ProgressCheck(
-                "hung",
-                f"{scope}{what}, and {age_text} (>= {stall_text})",
-                note=_age_only(stall_text, one_sample=samples < 2),
-                **common,
-            )
-        todo = (
-            "take two samples (--interval > 0, e.g. the default 2)"
-            if samples < 2
-            else "run the command again (py-spy must dump a rank in both samples)"
-        )
-        if age is None:
-            return ProgressCheck(
-                "not_confirmed",
-                f"{what} and there is no heartbeat to date the last progress: nothing can be seen moving",
-                note=f"to decide, {todo}",
-                **common,
-            )
-        return ProgressCheck(
-            "not_confirmed",
-            f"{what} and {age_text} (< {stall_text}): one sample cannot show whether the ranks move",
-            note=f"to decide, {todo}, or run again once the heartbeats are older than {stall_text}",
-            **common,
-        )
+        return _nothing_compared(watch)
     if ranks_moved:
-        moved = ", ".join(map(str, ranks_moved))
-        if stale:
-            return ProgressCheck(
-                "hung",
-                f"{scope}the stacks of rank(s) {moved} changed between samples {interval_s:g} s apart, but "
-                f"{age_text} (>= {stall_text}): code runs without reaching the next phase",
-                note=_age_only(stall_text, one_sample=False),
-                **common,
-            )
-        tail = f" and {age_text} (< {stall_text})" if age is not None else ""
-        return ProgressCheck(
-            "progressed",
-            f"the stacks of rank(s) {moved} changed between samples {interval_s:g} s apart{tail}",
-            **common,
+        return _stacks_moved(watch, ranks_moved)
+    return _stacks_identical(watch, ranks_compared, every_rank=not unseen)
+
+
+def _rank_lost_or_file_written(
+    watch: _Watch, ranks_exited: Sequence[int], files_changed: Sequence[str]
+) -> ProgressCheck | None:
+    """Hung when a rank exited without the run's final status; else progressed when a run file
+    changed; else None (the stacks decide)."""
+    if ranks_exited:
+        return watch.check(
+            "hung",
+            f"{watch.scope}{_ranks(sorted(ranks_exited))} exited and the run wrote no final status: the "
+            "other ranks cannot finish a collective without it",
         )
-    if unseen:
+    if not files_changed:
+        return None
+    shown = ", ".join(files_changed[:4]) + (" …" if len(files_changed) > 4 else "")
+    when = (
+        f"during the {watch.interval_s:g} s between the two samples"
+        if watch.samples >= 2
+        else "while its ranks were sampled"
+    )
+    return watch.check("progressed", f"the run wrote {shown} {when}")
+
+
+def _nothing_compared(watch: _Watch) -> ProgressCheck:
+    """No rank was dumped in two samples (one sample, or py-spy failed): the heartbeat age decides."""
+    one = watch.samples < 2
+    what = "only one sample was taken" if one else "no rank could be sampled twice"
+    if watch.stale:
+        return watch.check(
+            "hung",
+            f"{watch.scope}{what}, and {watch.age_text} (>= {watch.stall_text})",
+            note=_age_only(watch.stall_text, one_sample=one),
+        )
+    todo = (
+        "take two samples (--interval > 0, e.g. the default 2)"
+        if one
+        else "run the command again (py-spy must dump a rank in both samples)"
+    )
+    if watch.age is None:
+        return watch.check(
+            "not_confirmed",
+            f"{what} and there is no heartbeat to date the last progress: nothing can be seen moving",
+            note=f"to decide, {todo}",
+        )
+    return watch.check(
+        "not_confirmed",
+        f"{what} and {watch.age_text} (< {watch.stall_text}): one sample cannot show whether the ranks move",
+        note=f"to decide, {todo}, or run again once the heartbeats are older than {watch.stall_text}",
+    )
+
+
+def _stacks_moved(watch: _Watch, ranks_moved: Sequence[int]) -> ProgressCheck:
+    """Some stacks changed between the samples: progress, unless nothing was written for too long."""
+    moved = ", ".join(map(str, ranks_moved))
+    changed = f"the stacks of rank(s) {moved} changed between samples {watch.interval_s:g} s apart"
+    if watch.stale:
+        return watch.check(
+            "hung",
+            f"{watch.scope}{changed}, but {watch.age_text} (>= {watch.stall_text}): code runs without "
+            "reaching the next phase",
+            note=_age_only(watch.stall_text, one_sample=False),
+        )
+    tail = f" and {watch.age_text} (< {watch.stall_text})" if watch.age is not None else ""
+    return watch.check("progressed", changed + tail)
+
+
+def _stacks_identical(watch: _Watch, ranks_compared: Sequence[int], *, every_rank: bool) -> ProgressCheck:
+    """Every compared rank's stack is the same in both samples and no file changed: hung."""
+    apart = f"in two samples {watch.interval_s:g} s apart"
+    if every_rank:
+        reason = f"every rank's stack is identical {apart}"
+    else:
         same = "the stack of" if len(ranks_compared) == 1 else "the stacks of"
         verb = "is" if len(ranks_compared) == 1 else "are"
-        reason = (
-            f"{scope}{same} {_ranks(ranks_compared)} {verb} identical in two samples {interval_s:g} s apart"
-        )
-    else:
-        reason = f"every rank's stack is identical in two samples {interval_s:g} s apart"
+        reason = f"{watch.scope}{same} {_ranks(ranks_compared)} {verb} identical {apart}"
     note = None
-    if age is not None:
-        reason += f", and no file of the run changed; {age_text}"
-        if not stale:
+    if watch.age is not None:
+        reason += f", and no file of the run changed; {watch.age_text}"
+        if not watch.stale:
             note = (
-                f"the hang is younger than {stall_text}; if the ranks are in a long "
+                f"the hang is younger than {watch.stall_text}; if the ranks are in a long "
                 "but legitimate operation, run this command again later"
             )
-    return ProgressCheck("hung", reason, note=note, **common)
+    return watch.check("hung", reason, note=note)

@@ -165,59 +165,67 @@ def parse_pyspy_text_all(text: str) -> tuple[ProcessStack, ...]:
             the message quotes the first line.
     """
     text = _ANSI.sub("", text)
-    processes: list[ProcessStack] = []
-    pid: int | None = None
-    command: str | None = None
-    threads: list[ThreadStack] = []
-    current: dict[str, Any] | None = None
-
-    def close_thread() -> None:
-        nonlocal current
-        if current is not None:
-            threads.append(ThreadStack(**{**current, "frames": tuple(current["frames"])}))
-            current = None
-
-    def close_process() -> None:
-        nonlocal threads, pid, command
-        close_thread()
-        if pid is not None or threads:
-            processes.append(ProcessStack(pid=pid or 0, command=command, threads=tuple(threads)))
-        threads, pid, command = [], None, None
-
+    parser = _TextDumpParser()
     for raw in text.splitlines():
         line = raw.rstrip()
-        if not line.strip():
-            continue
+        if line.strip():
+            parser.feed(line)
+    parser.close_process()
+    if not parser.processes:
+        raise _not_pyspy(text, "no 'Process' header and no 'Thread' line")
+    return tuple(parser.processes)
+
+
+class _TextDumpParser:
+    """The state of `parse_pyspy_text_all` between lines: the processes read, the open process and thread."""
+
+    def __init__(self) -> None:
+        self.processes: list[ProcessStack] = []
+        self.pid: int | None = None
+        self.command: str | None = None
+        self.threads: list[ThreadStack] = []
+        self.current: dict[str, Any] | None = None
+
+    def close_thread(self) -> None:
+        if self.current is not None:
+            self.threads.append(ThreadStack(**{**self.current, "frames": tuple(self.current["frames"])}))
+            self.current = None
+
+    def close_process(self) -> None:
+        self.close_thread()
+        if self.pid is not None or self.threads:
+            self.processes.append(
+                ProcessStack(pid=self.pid or 0, command=self.command, threads=tuple(self.threads))
+            )
+        self.threads, self.pid, self.command = [], None, None
+
+    def feed(self, line: str) -> None:
+        """One non-blank line, trailing whitespace removed."""
         process = _PROCESS.match(line)
         if process is not None:
-            close_process()
-            pid, command = int(process.group("pid")), process.group("command") or None
-            continue
+            self.close_process()
+            self.pid, self.command = int(process.group("pid")), process.group("command") or None
+            return
         if _PYTHON.match(line) or _PARENT.match(line) or _SEPARATOR.match(line.strip()):
-            continue
+            return
         thread = _THREAD.match(line)
         if thread is not None:
-            close_thread()
-            status = thread.group("status")
-            tid = thread.group("tid")
-            current = {
+            self.close_thread()
+            status, tid = thread.group("status"), thread.group("tid")
+            self.current = {
                 "thread_id": int(tid, 16) if tid.lower().startswith("0x") else int(tid),
                 "name": thread.group("name"),
                 "active": status.startswith("active"),
                 "owns_gil": "gil" in status,
                 "frames": [],
             }
-            continue
+            return
         indent = len(line) - len(line.lstrip(" "))
-        if current is None or indent >= 8:
-            continue  # a note outside any thread, or --locals ("Arguments:", "Locals:", variables)
+        if self.current is None or indent >= 8:
+            return  # a note outside any thread, or --locals ("Arguments:", "Locals:", variables)
         frame = _parse_frame_line(line.strip()) if indent >= 1 else None
         if frame is not None:
-            current["frames"].append(frame)
-    close_process()
-    if not processes:
-        raise _not_pyspy(text, "no 'Process' header and no 'Thread' line")
-    return tuple(processes)
+            self.current["frames"].append(frame)
 
 
 def parse_pyspy_text(text: str, *, pid: int | None = None) -> ProcessStack:

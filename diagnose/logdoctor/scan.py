@@ -293,47 +293,15 @@ def scan_file(
         raise ValueError(f"--chunk-bytes must be >= 1, got {chunk_bytes}")
     rules = LogRules(name if name is not None else str(path), options, run)
     started = time.perf_counter()
-    size = 0
-    buf = bytearray(chunk_bytes)
-    have = 0
-    last_byte: int | None = None
     with open(path, "rb", buffering=0) as f:
         reason = not_text_reason(os.pread(f.fileno(), SNIFF_BYTES, 0), str(path))
         if reason is not None:
             raise NotATextLog(reason)
         scanner = _ChunkScanner(rules, f.fileno(), eager=os.fstat(f.fileno()).st_size <= 4 * chunk_bytes)
-        while True:
-            with memoryview(buf) as view, view[have:] as free:
-                n = f.readinto(free)
-            if not n:
-                if have:
-                    scanner.chunk(buf, have)
-                break
-            size += n
-            have += n
-            last_byte = buf[have - 1]
-            cut = buf.rfind(b"\n", 0, have) + 1
-            if cut == 0:
-                if have == len(buf):
-                    buf.extend(bytes(len(buf)))  # one line longer than the buffer: make room for it
-                continue
-            scanner.chunk(buf, cut)
-            rest = have - cut
-            if rest:
-                buf[:rest] = buf[cut:have]
-            have = rest
+        size, last_byte = _stream(f, scanner, chunk_bytes)
         for line_no, offset in sorted(scanner.context_offsets.items()):
             rules.add_context(_surroundings(f, offset, line_no))
-        flags = rules.launch_flags()
-        if flags:
-            f.seek(0)
-            head = f.read(LAUNCH_HEAD_BYTES)
-            for flag in flags:
-                at = head.find(b"--" + flag.encode())
-                if at >= 0:
-                    line_end = head.find(b"\n", at)
-                    line = head[head.rfind(b"\n", 0, at) + 1 : line_end if line_end >= 0 else len(head)]
-                    rules.on_launch_line(flag, line.decode("utf-8", "replace"))
+        _read_launch_flags(f, rules)
     findings = rules.finish()
     return FileScan(
         file=rules.file,
@@ -342,3 +310,51 @@ def scan_file(
         seconds=time.perf_counter() - started,
         findings=findings,
     )
+
+
+def _stream(f: Any, scanner: _ChunkScanner, chunk_bytes: int) -> tuple[int, int | None]:
+    """Feed the whole file to `scanner` in chunks cut after their last newline, one reused buffer.
+
+    Returns:
+        (bytes read, the file's last byte or None when empty).
+    """
+    size = 0
+    buf = bytearray(chunk_bytes)
+    have = 0
+    last_byte: int | None = None
+    while True:
+        with memoryview(buf) as view, view[have:] as free:
+            n = f.readinto(free)
+        if not n:
+            if have:
+                scanner.chunk(buf, have)
+            return size, last_byte
+        size += n
+        have += n
+        last_byte = buf[have - 1]
+        cut = buf.rfind(b"\n", 0, have) + 1
+        if cut == 0:
+            if have == len(buf):
+                buf.extend(bytes(len(buf)))  # one line longer than the buffer: make room for it
+            continue
+        scanner.chunk(buf, cut)
+        rest = have - cut
+        if rest:
+            buf[:rest] = buf[cut:have]
+        have = rest
+
+
+def _read_launch_flags(f: Any, rules: LogRules) -> None:
+    """Hand the rules the launch line of each flag they ask about (searched in the file's first
+    LAUNCH_HEAD_BYTES)."""
+    flags = rules.launch_flags()
+    if not flags:
+        return
+    f.seek(0)
+    head = f.read(LAUNCH_HEAD_BYTES)
+    for flag in flags:
+        at = head.find(b"--" + flag.encode())
+        if at >= 0:
+            line_end = head.find(b"\n", at)
+            line = head[head.rfind(b"\n", 0, at) + 1 : line_end if line_end >= 0 else len(head)]
+            rules.on_launch_line(flag, line.decode("utf-8", "replace"))

@@ -117,8 +117,39 @@ def describe_cleanup_deadlock(
     """Pattern A: a rank failed (an exception, or stuck in teardown) and the others wait for it."""
     failing = [v for v in views if v.row.state == "teardown" or v.obs.exception]
     failing_ranks = {v.obs.rank for v in failing}
-    evidence: list[str] = []
     with_exception = _root_cause_first([v for v in failing if v.obs.exception])
+    others = [v for v in views if v.obs.rank not in failing_ranks]
+    evidence = _failing_evidence(failing, with_exception)
+    for views_in_group in group_by_collective(others).values():
+        evidence.append(f"{_group_line(views_in_group)} for {_ranks(sorted(failing_ranks))}")
+    for view in others:
+        if view.key is None and view.inspected:  # ranks not inspected: hang/verdict/caveats.py names them
+            evidence.append(state_line(view))
+    title = _cleanup_title(failing, with_exception, others)
+    steps = []
+    if with_exception:
+        first = with_exception[0]
+        steps.append(
+            f"Fix the exception on rank {first.obs.rank} first: {_first_line(first.obs.exception or '')} "
+            "(the hang is a consequence of it)."
+        )
+    else:
+        steps.append(
+            f"Read the log of {_ranks(sorted(failing_ranks))} for the error or early exit that started its cleanup."
+        )
+    steps.append(
+        "Do not let cleanup swallow the error: re-raise it from __exit__/finally, and skip collectives "
+        "(barrier, destroy_process_group) in cleanup after a failure; exit non-zero so the launcher "
+        "stops the other ranks."
+    )
+    steps += env_steps(backend, "timeout", "torch_debug", "detail", "cuda_blocking")
+    return title, evidence, steps
+
+
+def _failing_evidence(failing: Sequence[RankView], with_exception: Sequence[RankView]) -> list[str]:
+    """Pattern A's evidence about the failing ranks: each exception (root cause first) and where each
+    failing rank is now."""
+    evidence: list[str] = []
     for view in with_exception:
         evidence.append(f"rank {view.obs.rank} raised {_first_line(view.obs.exception or '')}")
         last = _last_traceback_line(view.obs.exception or "")
@@ -126,13 +157,11 @@ def describe_cleanup_deadlock(
             evidence.append(f"rank {view.obs.rank} exception raised at: {last}")
     if not with_exception:
         evidence.append(
-            f"{_ranks(sorted(failing_ranks))} in teardown without a recorded exception: its log should "
-            "show the error (or early finish) that started the cleanup"
+            f"{_ranks(sorted(v.obs.rank for v in failing))} in teardown without a recorded exception: its "
+            "log should show the error (or early finish) that started the cleanup"
         )
-    teardown_ranks = []
     for view in failing:
         if view.row.state == "teardown" and view.collective is not None:
-            teardown_ranks.append(view.obs.rank)
             evidence.append(f"rank {view.obs.rank} is stuck in teardown: {teardown_chain(view.collective)}")
         elif not view.inspected:
             where = view.row.where
@@ -146,53 +175,37 @@ def describe_cleanup_deadlock(
             evidence.append(
                 f"rank {view.obs.rank} is in no collective after that exception: {view.row.where}"
             )
-    others = [v for v in views if v.obs.rank not in failing_ranks]
-    for views_in_group in group_by_collective(others).values():
-        evidence.append(f"{_group_line(views_in_group)} for {_ranks(sorted(failing_ranks))}")
-    for view in others:
-        if view.key is None and view.inspected:  # ranks not inspected: hang/verdict/classify.py's caveats
-            evidence.append(state_line(view))
+    return evidence
 
-    culprit = _ranks(sorted(failing_ranks))
+
+def _cleanup_title(
+    failing: Sequence[RankView], with_exception: Sequence[RankView], others: Sequence[RankView]
+) -> str:
+    """Pattern A's title: what the failing ranks did, and what the others wait in."""
+    culprit = _ranks(sorted(v.obs.rank for v in failing))
+    verb = "is" if len(failing) == 1 else "are"
     exception_kind = ""
     if with_exception:
         exception_kind = f" ({_first_line(with_exception[0].obs.exception or '').split(':', 1)[0]})"
-    waiting = [v for v in others if v.key is not None]
-    known = [v for v in others if v.inspected]
-    if teardown_ranks:
-        what = f"{culprit} failed{exception_kind} and {'is' if len(failing_ranks) == 1 else 'are'} stuck in teardown"
-        if not with_exception:
-            what = f"{culprit} {'is' if len(failing_ranks) == 1 else 'are'} stuck in teardown"
+    if any(v.row.state == "teardown" and v.collective is not None for v in failing):
+        what = f"{culprit} {verb} stuck in teardown"
+        if with_exception:
+            what = f"{culprit} failed{exception_kind} and {verb} stuck in teardown"
     elif all(v.exited for v in failing):
         what = f"{culprit} exited after an exception{exception_kind}"
     else:
         what = f"{culprit} failed{exception_kind}"
+    waiting = [v for v in others if v.key is not None]
+    known = [v for v in others if v.inspected]
+    head = f"Cleanup deadlock (pattern A): {what}"
     if waiting:
         collectives = sorted({v.row.collective or "?" for v in waiting})
-        title = f"Cleanup deadlock (pattern A): {what}; {_wait([v.obs.rank for v in waiting])} in {', '.join(collectives)}"
-    elif not others:
-        title = f"Cleanup deadlock (pattern A): {what}; no rank is left in the training loop"
-    elif known:
-        title = f"Cleanup deadlock (pattern A): {what}; {_wait([v.obs.rank for v in known])} for it"
-    else:  # the other ranks are on hosts not inspected: hang/verdict/classify.py's caveats name them
-        title = f"Cleanup deadlock (pattern A): {what}"
-
-    steps = []
-    if with_exception:
-        first = with_exception[0]
-        steps.append(
-            f"Fix the exception on rank {first.obs.rank} first: {_first_line(first.obs.exception or '')} "
-            "(the hang is a consequence of it)."
-        )
-    else:
-        steps.append(f"Read the log of {culprit} for the error or early exit that started its cleanup.")
-    steps.append(
-        "Do not let cleanup swallow the error: re-raise it from __exit__/finally, and skip collectives "
-        "(barrier, destroy_process_group) in cleanup after a failure; exit non-zero so the launcher "
-        "stops the other ranks."
-    )
-    steps += env_steps(backend, "timeout", "torch_debug", "detail", "cuda_blocking")
-    return title, evidence, steps
+        return f"{head}; {_wait([v.obs.rank for v in waiting])} in {', '.join(collectives)}"
+    if not others:
+        return f"{head}; no rank is left in the training loop"
+    if known:
+        return f"{head}; {_wait([v.obs.rank for v in known])} for it"
+    return head  # the other ranks are on hosts not inspected: hang/verdict/caveats.py names them
 
 
 def describe_rank_exited(

@@ -27,10 +27,10 @@ from grpolab.diagnose.common.wording import plural
 from grpolab.diagnose.logdoctor.model import (
     MANUAL_TROUBLE,
     MANUAL_WATCHDOG,
+    Evidence,
     Finding,
     Line,
     Rule,
-    Severity,
     clean_line,
     register,
     trim_line,
@@ -248,25 +248,7 @@ class DeadEngine(Rule):
             else " Read the engine lines above the first 503 for the reason it died."
         )
         if not errors.timed:
-            severity: Severity = "warning" if errors.total > rule.limit else "info"
-            return [
-                self.finding(
-                    f"{errors.total:,} × 503 Service Unavailable without timestamps: the watchdog's time rule "
-                    "could not be applied (count only)",
-                    evidence,
-                    {"count": errors.total, "timed": False},
-                    severity=severity,
-                    cause=(
-                        "A dead rollout engine and a busy healthy one both write 503 errors; only their times "
-                        "tell them apart, and these lines carry none." + above_text
-                    ),
-                    fix=(
-                        "Look at the run live: `grpolab watchdog LOG` stamps lines as they are written. Stop "
-                        "the run if the errors never stop and the GPU is idle."
-                    ),
-                    source=MANUAL_WATCHDOG,
-                )
-            ]
+            return [self._untimed(evidence, above_text)]
         watch = _watch(errors)
         if watch.replay.stopped_at is None:
             return []  # bursts: Engine503Bursts
@@ -295,6 +277,26 @@ class DeadEngine(Rule):
                 ),
             )
         ]
+
+    def _untimed(self, evidence: list[Evidence], above_text: str) -> Finding:
+        """503 lines without times: counted only (a warning above the limit, else info)."""
+        total = self.errors.total
+        return self.finding(
+            f"{total:,} × 503 Service Unavailable without timestamps: the watchdog's time rule "
+            "could not be applied (count only)",
+            evidence,
+            {"count": total, "timed": False},
+            severity="warning" if total > self.errors.rule.limit else "info",
+            cause=(
+                "A dead rollout engine and a busy healthy one both write 503 errors; only their times "
+                "tell them apart, and these lines carry none." + above_text
+            ),
+            fix=(
+                "Look at the run live: `grpolab watchdog LOG` stamps lines as they are written. Stop "
+                "the run if the errors never stop and the GPU is idle."
+            ),
+            source=MANUAL_WATCHDOG,
+        )
 
 
 @register

@@ -89,14 +89,8 @@ class TrainFailed(Rule):
         return next((line for line, text in self.errors if _same_error(text, recorded)), None)
 
     def findings(self, earlier: Sequence[Finding]) -> list[Finding]:
-        if not self.lines:
+        if not self.lines or self._told_by_rank_error():
             return []
-        run = self.log.run
-        if reports_rank_errors(self.log) and run is not None:
-            printed = {ln.line: text for ln, text in self.errors}
-            recorded = [first_line(r.error.error) for r in run.rank_errors]
-            if all(any(_same_error(printed[ln.line], r) for r in recorded) for ln, _ in self.lines):
-                return []  # every error line is a rank's recorded error: rank_error reports it
         peer = [is_peer_connection_error(ln.text) for ln, _ in self.lines]
         root_at = min(range(len(self.lines)), key=lambda i: (peer[i], i))
         line, m = self.lines[root_at]
@@ -106,56 +100,16 @@ class TrainFailed(Rule):
         fault = self.log.rule(FaultInjected).before(line.line) if injected else None
         rank = launcher_rank(line.text)
         after = f"rank {rank}" if rank is not None else f"the error at line {line.line}"
-
-        def note(i: int) -> str:
-            if len(self.lines) == 1:
-                return ""
-            if i == root_at:
-                return "earliest; a lost peer connection" if peer[i] else "root cause"
-            if not peer[i]:
-                return "another error"
-            return (
-                "lost the connection to a peer"
-                if peer[root_at]
-                else f"a consequence: lost the connection to a peer after {after}"
-            )
-
         others = [i for i in range(len(self.lines)) if i != root_at]
         shown = sorted([root_at, *others[: MAX_EVIDENCE - 1]])
         consequences = [self.lines[i][0].line for i in others if peer[i]]
         separate = [self.lines[i][0].line for i in others if not peer[i]]
-        cause = "The run stopped with this error: a failed `grpolab train` ends with this line."
-        if run is not None and run.last_status == "failed":
-            cause += " The run directory's events.jsonl ends with status failed."
         headline = line.text[m.start() + len(_TRAIN_ERROR_PREFIX) :].strip()
-        for recorded in run.rank_errors if run is not None else ():
-            if _same_error(headline, first_line(recorded.error.error)):
-                cause += f" Rank {recorded.error.rank} recorded it in {recorded.file}."
-                break
-        if consequences and not peer[root_at]:
-            verb, pronoun = ("reports", "it follows") if len(consequences) == 1 else ("report", "they follow")
-            cause += (
-                f" The later {_lines(consequences)} {verb} a lost connection to a peer (gloo's "
-                f"\"Connection closed by peer\", NCCL's remote error): {pronoun} from it, since a rank's "
-                "failure closes its connections and its peers' next collective fails."
-            )
-        elif peer[root_at] and len(self.lines) > 1:
-            cause += (
-                " Every error line here reports a lost connection to a peer: the rank that failed first did "
-                "not print its error to this log (killed by a signal or the OOM killer?)."
-            )
-        if separate:
-            what = "is not a lost connection: it" if len(separate) == 1 else "are not lost connections: they"
-            cause += f" The {_lines(separate)} {what} may be a separate problem."
-        fix = (
-            "Read the message: it names the flag, file or check at fault; fix that and start the run again. "
-            "The lines above it show what the run was doing. With several ranks, every rank's error is in "
-            "RUN_DIR/ranks/<rank>.json: `grpolab diagnose log RUN_DIR` reports them, root cause first."
-        )
+        cause = self._cause(headline, peer[root_at], consequences, separate)
         return [
             self.finding(
                 trim_line(f"grpolab train failed: {error}", width=160),
-                (self.ev(self.lines[i][0], note(i)) for i in shown),
+                (self.ev(self.lines[i][0], _note(i, root_at, peer, after)) for i in shown),
                 {
                     "type": kind,
                     "message": m["message"],
@@ -167,9 +121,67 @@ class TrainFailed(Rule):
                     "injected": fault is not None,
                 },
                 cause=cause + injected_note(fault),
-                fix=f"Nothing to fix if the fault was meant ({FAULT_FLAG})." if fault else fix,
+                fix=f"Nothing to fix if the fault was meant ({FAULT_FLAG})." if fault else _TRAIN_FAILED_FIX,
             )
         ]
+
+    def _told_by_rank_error(self) -> bool:
+        """Every error line of this log is a rank's recorded error, which `rank_error` reports."""
+        run = self.log.run
+        if run is None or not reports_rank_errors(self.log):
+            return False
+        printed = {ln.line: text for ln, text in self.errors}
+        recorded = [first_line(r.error.error) for r in run.rank_errors]
+        return all(any(_same_error(printed[ln.line], r) for r in recorded) for ln, _ in self.lines)
+
+    def _cause(self, headline: str, root_is_peer: bool, consequences: list[int], separate: list[int]) -> str:
+        """Why the run stopped: the root error line, which rank recorded it, and what the other lines are."""
+        run = self.log.run
+        cause = "The run stopped with this error: a failed `grpolab train` ends with this line."
+        if run is not None and run.last_status == "failed":
+            cause += " The run directory's events.jsonl ends with status failed."
+        for recorded in run.rank_errors if run is not None else ():
+            if _same_error(headline, first_line(recorded.error.error)):
+                cause += f" Rank {recorded.error.rank} recorded it in {recorded.file}."
+                break
+        if consequences and not root_is_peer:
+            verb, pronoun = ("reports", "it follows") if len(consequences) == 1 else ("report", "they follow")
+            cause += (
+                f" The later {_lines(consequences)} {verb} a lost connection to a peer (gloo's "
+                f"\"Connection closed by peer\", NCCL's remote error): {pronoun} from it, since a rank's "
+                "failure closes its connections and its peers' next collective fails."
+            )
+        elif root_is_peer and len(self.lines) > 1:
+            cause += (
+                " Every error line here reports a lost connection to a peer: the rank that failed first did "
+                "not print its error to this log (killed by a signal or the OOM killer?)."
+            )
+        if separate:
+            what = "is not a lost connection: it" if len(separate) == 1 else "are not lost connections: they"
+            cause += f" The {_lines(separate)} {what} may be a separate problem."
+        return cause
+
+
+_TRAIN_FAILED_FIX = (
+    "Read the message: it names the flag, file or check at fault; fix that and start the run again. "
+    "The lines above it show what the run was doing. With several ranks, every rank's error is in "
+    "RUN_DIR/ranks/<rank>.json: `grpolab diagnose log RUN_DIR` reports them, root cause first."
+)
+
+
+def _note(i: int, root_at: int, peer: Sequence[bool], after: str) -> str:
+    """The evidence note of error line `i` of several: root cause, a consequence, another error."""
+    if len(peer) == 1:
+        return ""
+    if i == root_at:
+        return "earliest; a lost peer connection" if peer[i] else "root cause"
+    if not peer[i]:
+        return "another error"
+    return (
+        "lost the connection to a peer"
+        if peer[root_at]
+        else f"a consequence: lost the connection to a peer after {after}"
+    )
 
 
 def _same_error(printed: str, recorded: str) -> bool:
@@ -220,88 +232,27 @@ class RankFailed(Rule):
 
     def _finding(self, recorded: RecordedError, ordered: Sequence[RankError], run: RunOutcome) -> Finding:
         e, root = recorded.error, ordered[0]
-        r = e.rank
         label = error_label(e, ordered)
-        head = first_line(e.error, RANK_TITLE_CHARS)
         kind, _, message = first_line(e.error).partition(": ")
-        injected = kind == "InjectedFault"
         frames = [f"{m['file']}:{m['line']} in {m['func']}" for m in _FRAME.finditer(e.error)]
-        where = f"; its innermost frames: {', '.join(frames)}" if frames else ""
         log_line = self.log.rule(TrainFailed).line_of(e)
         evidence = [Evidence(recorded.file, recorded.line, trim_line(recorded.text), label)]
         if log_line is not None:
             evidence.append(self.ev(log_line, "the run's final error line"))
-        later = [x.rank for x in ordered[1:] if x.peer_connection_error]
-        severity: Severity = "error"
         if e is root and not e.peer_connection_error:
-            verb = "failed first" if len(ordered) > 1 else "failed"
-            title = f"rank {r} {verb}: {head}"
-            cause = (
-                f"Rank {r}'s training loop raised this exception and recorded it in ranks/{r}.json{where}."
-            )
-            if later:
-                cause += (
-                    f" The error{'s' * (len(later) > 1)} of {_ranks(later)} "
-                    f"{'is a lost connection' if len(later) == 1 else 'are lost connections'} to it that "
-                    "followed: when a rank fails, its connections close and its peers' next collective fails."
-                )
-            if log_line is None and r != 0:
-                cause += (
-                    f" console.log holds rank 0's output only: rank {r} printed this error on the terminal "
-                    "of `grpolab train`."
-                )
-            if run.last_status == "failed":
-                cause += " The run ended with status failed (events.jsonl's last line)."
-            if injected:
-                cause += (
-                    f" It is a CI fault injected on purpose ({FAULT_FLAG}): the expected outcome of a test."
-                )
-            output = (
-                "console.log has its whole output"
-                if r == 0
-                else f"rank {r}'s whole output is on the terminal of `grpolab train`"
-            )
-            fix = (
-                f"Nothing to fix if the fault was meant ({FAULT_FLAG})."
-                if injected
-                else f'Fix this error first: its traceback tail is "error" in ranks/{r}.json and {output}; '
-                "then start the run again."
-            )
+            severity: Severity = "error"
+            title, cause, fix = _root_cause_text(e, ordered, frames, printed=log_line is not None, run=run)
         elif e is root:
-            title = f"rank {r} recorded the earliest error, a lost peer connection: {head}"
-            cause = (
-                f"Every recorded error is a lost connection to a peer; rank {r}'s heartbeat is the earliest. "
-                "The rank that failed first did not record its exception: it was killed (a signal, the OOM "
-                "killer) or its host went down."
-            )
-            fix = (
-                "Find the rank that died first: torchrun's summary on the terminal of `grpolab train` gives "
-                "every rank's exit code or signal; `dmesg` (or `journalctl -k`) shows the OOM killer."
-            )
+            severity, (title, cause, fix) = "error", _earliest_peer_text(e)
         elif e.peer_connection_error:
-            severity = "info"
-            if root.peer_connection_error:
-                title = f"rank {r}: {head} (a lost peer connection too)"
-                cause = f"Rank {r}'s collective failed: its connection to a peer closed, as rank {root.rank}'s did."
-            else:
-                title = f"rank {r}: {head} (a consequence of rank {root.rank}'s failure)"
-                cause = (
-                    f"Rank {r}'s collective failed because its connection to a peer closed: rank {root.rank} "
-                    f"failed first ({first_line(root.error, RANK_TITLE_CHARS)})."
-                )
-            fix = f"Nothing to fix on rank {r}: fix rank {root.rank}'s error (the first finding)."
+            severity, (title, cause, fix) = "info", _consequence_text(e, root)
         else:
-            title = f"rank {r} failed too: {head}"
-            cause = (
-                f"Rank {r} recorded this exception as well{where}. It is not a lost peer connection, so it "
-                f"may be a second problem (rank {root.rank}'s error came first)."
-            )
-            fix = f'Fix it too: its traceback tail is "error" in ranks/{r}.json.'
+            severity, (title, cause, fix) = "error", _second_error_text(e, root, frames)
         return self.finding(
             title,
             evidence,
             {
-                "rank": r,
+                "rank": e.rank,
                 "error": e.error,
                 "type": kind if message else None,
                 "message": message or kind,
@@ -310,7 +261,7 @@ class RankFailed(Rule):
                 "peer_connection_error": e.peer_connection_error,
                 "heartbeat_time": e.time,
                 "frames": frames,
-                "injected": injected,
+                "injected": kind == "InjectedFault",
                 "file": recorded.file,
                 "log_line": None if log_line is None else log_line.line,
             },
@@ -318,6 +269,88 @@ class RankFailed(Rule):
             cause=cause,
             fix=fix,
         )
+
+
+def _where(frames: Sequence[str]) -> str:
+    return f"; its innermost frames: {', '.join(frames)}" if frames else ""
+
+
+def _root_cause_text(
+    e: RankError, ordered: Sequence[RankError], frames: Sequence[str], *, printed: bool, run: RunOutcome
+) -> tuple[str, str, str]:
+    """(title, cause, fix) of the root cause: the first recorded error that is not a lost connection."""
+    r = e.rank
+    injected = first_line(e.error).partition(": ")[0] == "InjectedFault"
+    title = f"rank {r} {'failed first' if len(ordered) > 1 else 'failed'}: {first_line(e.error, RANK_TITLE_CHARS)}"
+    cause = (
+        f"Rank {r}'s training loop raised this exception and recorded it in ranks/{r}.json{_where(frames)}."
+    )
+    later = [x.rank for x in ordered[1:] if x.peer_connection_error]
+    if later:
+        cause += (
+            f" The error{'s' * (len(later) > 1)} of {_ranks(later)} "
+            f"{'is a lost connection' if len(later) == 1 else 'are lost connections'} to it that "
+            "followed: when a rank fails, its connections close and its peers' next collective fails."
+        )
+    if not printed and r != 0:
+        cause += (
+            f" console.log holds rank 0's output only: rank {r} printed this error on the terminal "
+            "of `grpolab train`."
+        )
+    if run.last_status == "failed":
+        cause += " The run ended with status failed (events.jsonl's last line)."
+    if injected:
+        cause += f" It is a CI fault injected on purpose ({FAULT_FLAG}): the expected outcome of a test."
+        return title, cause, f"Nothing to fix if the fault was meant ({FAULT_FLAG})."
+    output = (
+        "console.log has its whole output"
+        if r == 0
+        else f"rank {r}'s whole output is on the terminal of `grpolab train`"
+    )
+    fix = f'Fix this error first: its traceback tail is "error" in ranks/{r}.json and {output}; then start the run again.'
+    return title, cause, fix
+
+
+def _earliest_peer_text(e: RankError) -> tuple[str, str, str]:
+    """(title, cause, fix) when every recorded error is a lost connection: the earliest of them."""
+    return (
+        f"rank {e.rank} recorded the earliest error, a lost peer connection: {first_line(e.error, RANK_TITLE_CHARS)}",
+        f"Every recorded error is a lost connection to a peer; rank {e.rank}'s heartbeat is the earliest. "
+        "The rank that failed first did not record its exception: it was killed (a signal, the OOM "
+        "killer) or its host went down.",
+        "Find the rank that died first: torchrun's summary on the terminal of `grpolab train` gives "
+        "every rank's exit code or signal; `dmesg` (or `journalctl -k`) shows the OOM killer.",
+    )
+
+
+def _consequence_text(e: RankError, root: RankError) -> tuple[str, str, str]:
+    """(title, cause, fix) of a lost connection recorded after the root cause."""
+    r, head = e.rank, first_line(e.error, RANK_TITLE_CHARS)
+    fix = f"Nothing to fix on rank {r}: fix rank {root.rank}'s error (the first finding)."
+    if root.peer_connection_error:
+        title = f"rank {r}: {head} (a lost peer connection too)"
+        return (
+            title,
+            f"Rank {r}'s collective failed: its connection to a peer closed, as rank {root.rank}'s did.",
+            fix,
+        )
+    title = f"rank {r}: {head} (a consequence of rank {root.rank}'s failure)"
+    cause = (
+        f"Rank {r}'s collective failed because its connection to a peer closed: rank {root.rank} "
+        f"failed first ({first_line(root.error, RANK_TITLE_CHARS)})."
+    )
+    return title, cause, fix
+
+
+def _second_error_text(e: RankError, root: RankError, frames: Sequence[str]) -> tuple[str, str, str]:
+    """(title, cause, fix) of another recorded error that is not a lost connection."""
+    r = e.rank
+    return (
+        f"rank {r} failed too: {first_line(e.error, RANK_TITLE_CHARS)}",
+        f"Rank {r} recorded this exception as well{_where(frames)}. It is not a lost peer connection, so it "
+        f"may be a second problem (rank {root.rank}'s error came first).",
+        f'Fix it too: its traceback tail is "error" in ranks/{r}.json.',
+    )
 
 
 def _ranks(ranks: Sequence[int]) -> str:
