@@ -40,7 +40,7 @@ py-spy (hang/pyspy.py, parsed by hang/stacks.py), the run directory's activity (
    or, for `--pid` / `--match`, the processes ended during the diagnosis: not hung.
 4. Classify (classify.classify), print the verdict, every rank's recorded error (root cause
    first), the evidence, the ranks x frame table, the next steps (their NCCL or gloo advice from
-   run.json's device or the frames) and where the dumps are, and keep the dumps in
+   run.json's backend and device, or the frames) and where the dumps are, and keep the dumps in
    `RUN_DIR/diagnose/<UTC time>/`: `rank<r>.txt` (both samples, py-spy layout, or py-spy's
    error), `rank<r>.json` (the parsed samples) and `verdict.json` (the verdict plus its inputs).
    Without RUN_DIR nothing is written unless `--out DIR` is given.
@@ -87,7 +87,13 @@ def add_hang_arguments(parser: argparse.ArgumentParser) -> None:
         help="a grpolab run directory: its ranks/*.json give every rank's pid, host and heartbeat",
     )
     parser.add_argument(
-        "--pid", nargs="+", type=int, metavar="P", help="inspect these processes instead (rank = position)"
+        "--pid",
+        action="extend",
+        nargs="+",
+        type=int,
+        metavar="P",
+        help="inspect these processes instead (rank = position; repeated flags add up: --pid 1 2 --pid 3 "
+        "inspects 1, 2 and 3)",
     )
     parser.add_argument(
         "--match",

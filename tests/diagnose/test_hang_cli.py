@@ -403,3 +403,17 @@ def test_cli_wiring_through_grpolab_main(world: FakeWorld, capsys) -> None:
     )
     report = json.loads(capsys.readouterr().out)
     assert code == 1 and report["ranks"][0]["pid"] == pid and report["verdict"]["rows"]
+
+
+def test_repeated_pid_flags_add_up(world: FakeWorld, capsys) -> None:
+    # `--pid A --pid B` used to keep only the last flag (argparse's default action) and inspect B alone
+    pids = [world.spawn() for _ in range(3)]
+    for pid in pids:
+        world.shows(pid, ALL_REDUCE)
+    a, b, c = map(str, pids)
+    assert cli(world, "--pid", a, b, "--pid", c).pid == pids
+    code, report = run_json(world, capsys, "--pid", a, "--pid", b, c, "--interval", "0.1")
+    assert code == 1 and [(r["rank"], r["pid"]) for r in report["ranks"]] == list(enumerate(pids))
+    assert all(r["dumped"] for r in report["ranks"]) and report["command"]["options"]["pid"] == pids
+    code, report = run_json(world, capsys, "--pid", a, "--pid", a)
+    assert code == 2 and report["error"] == f"--pid: each pid must be given once, got {a} {a}"
