@@ -6,8 +6,9 @@
 - `watchdog/`: `grpolab watchdog`, which stops a run whose rollout engine died;
 - `gpu/`: `grpolab diagnose gpu` and the NVML sampler that writes RUN_DIR/gpu.jsonl;
 - `common/`: what several rooms share (the dead-engine rule, /proc readers, rank-error order, wording,
-  CLI flag helpers). A room imports `common/`, the run-directory reader (`grpolab.rundir`) and its own
-  modules, never another room; `cli.py` wires every command into the `grpolab` parser.
+  CLI flag helpers). A room imports `common/`, the run directory's reader (`grpolab.rundir`), two small
+  core utilities (`core.atomic`, `core.registry`) and its own modules, never another room; `cli.py`
+  wires every command into the `grpolab` parser.
 
 Code outside diagnose/ imports a room's door (`from grpolab.diagnose.gpu import start_run_sampler`).
 Nothing here imports torch at import time.

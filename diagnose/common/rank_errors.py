@@ -11,8 +11,9 @@ rewrites its heartbeat when it records its error), then the rank number.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 PEER_CONNECTION_ERROR = re.compile(
     r"connection closed by peer|connection reset by peer|broken pipe|remote process exited"
@@ -56,6 +57,30 @@ def order_rank_errors(errors: Sequence[RankError]) -> list[RankError]:
         errors,
         key=lambda e: (e.peer_connection_error, e.time is None, e.time or 0.0, e.rank),
     )
+
+
+class RecordsError(Protocol):
+    """A rank that may have recorded an error: a rank file's record (`rundir.reader.RankRecord`) or a
+    rank `grpolab diagnose hang` inspects (`hang.targets.RankTarget`)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def heartbeat(self) -> Mapping[str, Any] | None: ...
+
+
+def recorded_errors(ranks: Iterable[RecordsError]) -> list[RankError]:
+    """Every error the ranks recorded (rank file "error"), root cause first (`order_rank_errors`); the
+    time of each is its rank's heartbeat time (Unix seconds; the rank rewrites it with its error)."""
+    found = []
+    for r in ranks:
+        if r.error:
+            when = (r.heartbeat or {}).get("time")
+            t = float(when) if isinstance(when, int | float) and not isinstance(when, bool) else None
+            found.append(RankError(r.rank, r.error, t))
+    return order_rank_errors(found)
 
 
 def error_label(error: RankError, ordered: Sequence[RankError]) -> str:

@@ -188,7 +188,7 @@ def read_gpus() -> list[dict[str, Any]]:
         CUDA's default order; match GPUs by uuid), name, uuid, utilization_gpu (% of the last
         sample period with a kernel running), memory_used_bytes, memory_total_bytes (bytes),
         temperature_c (°C, GPU die), sm_clock_mhz (MHz), throttle_reasons (names of every active
-        clock event reason, see gpu_throttle.CLOCK_REASONS), throttle (a thermal or power reason
+        clock event reason, see throttle.CLOCK_REASONS), throttle (a thermal or power reason
         is active), throttle_kind (["thermal"], ["power"], both or []).
         A field the GPU does not support (NVMLError_NotSupported, e.g. utilization under MIG) is
         None; another NVML error also gives None and is kept in an `errors` {field: message} entry.

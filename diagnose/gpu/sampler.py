@@ -23,7 +23,9 @@ from grpolab.diagnose.gpu.nvml import NoNvidiaDriver, NvmlSession
 GPU_FILE = "gpu.jsonl"
 """The sampler's file in the run directory: one JSON object per GPU per sample."""
 
-log = logging.getLogger("grpolab")  # rundir.writer.LOGGER_NAME; not imported from there (the writer imports torch)
+log = logging.getLogger(
+    "grpolab"
+)  # rundir.writer.LOGGER_NAME; not imported from there (the writer imports torch)
 
 
 class GpuSampler:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from grpolab.diagnose.common.rank_errors import RankError, error_label, first_line, order_rank_errors
+from grpolab.diagnose.common.rank_errors import RankError, error_label, first_line, recorded_errors
 from grpolab.diagnose.hang.activity import RunContext
 from grpolab.diagnose.hang.progress import ProgressCheck
 from grpolab.diagnose.hang.targets import RankTarget
@@ -24,16 +24,6 @@ from grpolab.diagnose.hang.verdict.rank_rows import RankObservation
 SHORT_CHARS = 100
 """Evidence lines cut an error's first line to this many characters (grpolab's: one terminal line);
 the whole recorded error is printed above the evidence."""
-
-
-def rank_errors(targets: Sequence[RankTarget]) -> list[RankError]:
-    """Every error the ranks recorded (rank file "error"), root cause first (`order_rank_errors`)."""
-    found = []
-    for t in targets:
-        if t.error:
-            when = (t.heartbeat or {}).get("time")
-            found.append(RankError(t.rank, t.error, float(when) if isinstance(when, (int, float)) else None))
-    return order_rank_errors(found)
 
 
 def _gone_line(target: RankTarget, why: str | None) -> str:
@@ -64,13 +54,13 @@ def ended_run_verdict(
 
     Args:
         observations: every rank, all gone (no stacks).
-        gone: rank → why it is gone (hang_targets.rank_liveness).
+        gone: rank → why it is gone (targets.rank_liveness).
         run: the run directory's context; `run.final_status` must be set.
     """
     status = run.final_status or {}
     name = status.get("status")
     status_error = str(status.get("error") or "")
-    errors = rank_errors(targets)
+    errors = recorded_errors(targets)
     by_rank = {e.rank: e for e in errors}
     title = f"Not hung: the run ended (final status {name!r})"
     root = errors[0] if errors else None
@@ -91,12 +81,25 @@ def ended_run_verdict(
             recorded = first_line(by_rank[t.rank].error, SHORT_CHARS)
             line += f"; it recorded {recorded}" + (f" ({label})" if label else "")
         evidence.append(line)
-    steps = []
-    if root is not None and name != "finished":
-        steps.append(
+    failed_first = root is not None and name != "finished"
+    if failed_first and status_error and first_line(status_error) != first_line(root.error):
+        evidence.append(
+            f"the final status's error ({first_line(status_error, SHORT_CHARS)}) is not the root cause: "
+            f"rank {root.rank}'s error came first"
+        )
+    steps = _ended_steps(name, errors)
+    base = classify(observations, progressed=True)
+    return dataclasses.replace(base, title=title, evidence=tuple(evidence), next_steps=tuple(steps))
+
+
+def _ended_steps(status: str | None, errors: Sequence[RankError]) -> list[str]:
+    """The next steps after a run ended with `status`, its recorded errors root cause first."""
+    root = errors[0] if errors else None
+    if root is not None and status != "finished":
+        steps = [
             f"Fix the error on rank {root.rank} first: {first_line(root.error)} (its traceback tail is "
             f'"error" in ranks/{root.rank}.json; console.log has the whole log).'
-        )
+        ]
         consequences = [e.rank for e in errors[1:] if e.peer_connection_error]
         if consequences and not root.peer_connection_error:
             ranks = ", ".join(map(str, consequences))
@@ -105,17 +108,12 @@ def ended_run_verdict(
                 f"follow{'s' * (len(consequences) == 1)} from it: the connection to rank {root.rank} closed "
                 "when it failed."
             )
-        if status_error and first_line(status_error) != first_line(root.error):
-            evidence.append(
-                f"the final status's error ({first_line(status_error, SHORT_CHARS)}) is not the root cause: "
-                f"rank {root.rank}'s error came first"
-            )
-    elif name == "failed":
-        steps.append("Read console.log for the error that ended the run (no rank recorded one).")
-    elif name == "interrupted":
-        steps.append("The run was interrupted (Ctrl-C or a signal), not hung: resume or restart it.")
-    base = classify(observations, progressed=True)
-    return dataclasses.replace(base, title=title, evidence=tuple(evidence), next_steps=tuple(steps))
+        return steps
+    if status == "failed":
+        return ["Read console.log for the error that ended the run (no rank recorded one)."]
+    if status == "interrupted":
+        return ["The run was interrupted (Ctrl-C or a signal), not hung: resume or restart it."]
+    return []
 
 
 def processes_ended(

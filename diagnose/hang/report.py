@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpolab.core.atomic import atomic_write_bytes, atomic_write_json
-from grpolab.diagnose.common.rank_errors import error_label
+from grpolab.diagnose.common.rank_errors import error_label, recorded_errors
 from grpolab.diagnose.hang.activity import RunContext
-from grpolab.diagnose.hang.ended import rank_errors
 from grpolab.diagnose.hang.progress import ProgressCheck
 from grpolab.diagnose.hang.pyspy import DumpResult, render_stack_text
 from grpolab.diagnose.hang.stacks import stack_to_dict
@@ -77,7 +76,7 @@ class HangReport:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object `--json` prints and `verdict.json` stores (verdict plus its inputs)."""
         missing = self.missing_ranks()
-        errors = rank_errors(self.targets)
+        errors = recorded_errors(self.targets)
         return {
             "verdict": self.verdict.to_dict(),
             "hung": self.verdict.hung,
@@ -199,7 +198,7 @@ def format_report(report: HangReport) -> str:
     if p.note:
         lines.append(f"note: {p.note}")
     lines += ["", f"verdict: {v.title}"]
-    errors = rank_errors(report.targets)
+    errors = recorded_errors(report.targets)
     for e in errors:  # the failing rank's own exception first (AReaL guide, pattern A), root cause first
         label = error_label(e, errors)
         lines.append(f"exception recorded by rank {e.rank}" + (f" ({label})" if label else "") + ":")

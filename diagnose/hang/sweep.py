@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpolab.diagnose.hang.activity import RunContext, activity_snapshot, changed_files, read_run_context
-from grpolab.diagnose.hang.progress import decide_progress
+from grpolab.diagnose.hang.ended import ended_run_check, ended_run_verdict, processes_ended
+from grpolab.diagnose.hang.progress import ProgressCheck, decide_progress
 from grpolab.diagnose.hang.pyspy import DEFAULT_TIMEOUT_S, DumpResult, dump_all
 from grpolab.diagnose.hang.report import HangReport
 from grpolab.diagnose.hang.targets import InspectError, RankTarget, rank_liveness, refresh_heartbeats
+from grpolab.diagnose.hang.verdict.classify import Verdict, classify
 from grpolab.diagnose.hang.verdict.rank_rows import RankObservation
 
 DEFAULT_STALL_SECONDS = 120.0
@@ -56,6 +59,46 @@ def _sample(
     return {t.rank: by_pid[t.pid] for t in targets}
 
 
+@dataclass
+class _Sweep:
+    """One diagnosis in progress: its inputs, and the run and ranks as last seen."""
+
+    targets: list[RankTarget]
+    run_dir: Path | None
+    py_spy: str
+    notes: list[str]
+    stall_seconds: float
+    started: float = field(default_factory=time.perf_counter)
+    run: RunContext | None = None
+    alive: dict[int, bool] = field(default_factory=dict)
+    gone: dict[int, str] = field(default_factory=dict)
+
+    def look(self, now: float) -> None:
+        """Re-read the run directory's context (ages relative to `now`, Unix seconds) and every rank's
+        liveness."""
+        if self.run_dir is not None:
+            self.run = read_run_context(self.run_dir, now)
+        self.alive, self.gone = _liveness(self.targets)
+
+    def report(
+        self, verdict: Verdict, progress: ProgressCheck, samples: list[dict[int, DumpResult]]
+    ) -> HangReport:
+        """The report of what was seen, its elapsed time measured now."""
+        return HangReport(
+            verdict=verdict,
+            progress=progress,
+            samples=samples,
+            alive=self.alive,
+            gone=self.gone,
+            run=self.run,
+            elapsed_s=time.perf_counter() - self.started,
+            targets=self.targets,
+            run_dir=self.run_dir,
+            py_spy=self.py_spy,
+            notes=self.notes,
+        )
+
+
 def diagnose_hang(
     targets: list[RankTarget],
     *,
@@ -81,41 +124,57 @@ def diagnose_hang(
             hint for permission errors), every rank of a run directory is gone and the run wrote no
             final status, or no rank runs on this host.
     """
-    started = time.perf_counter()
-    notes = list(notes)
-    run = read_run_context(run_dir, time.time()) if run_dir is not None else None
-    alive, gone = _liveness(targets)
-    parts = dict(targets=targets, run_dir=run_dir, py_spy=py_spy, notes=notes, started=started)
-    if not any(alive.values()):
-        return _all_gone(alive=alive, gone=gone, run=run, samples=[], stall_seconds=stall_seconds, **parts)
-    live_local = [t for t in targets if t.local and alive[t.rank]]
-    if not live_local and not any(t.local for t in targets):
+    sweep = _Sweep(targets, run_dir, py_spy, list(notes), stall_seconds)
+    sweep.look(time.time())
+    if not any(sweep.alive.values()):
+        return _all_gone(sweep, samples_taken=0)
+    if not any(t.local for t in targets):
         hosts = "; ".join(f"rank {t.rank} on {t.host}" for t in targets)
         raise InspectError(f"no rank runs on this host ({hosts}): run grpolab diagnose hang on those hosts")
     before = activity_snapshot(run_dir)
-    samples: list[dict[int, DumpResult]] = []
-    if live_local:
-        # --native only on the last sample: unwinding native frames costs 0.1-0.7 s per rank, and the
-        # stack comparison looks at Python frames only (ProcessStack.signature), so sample 1 stays cheap.
-        samples.append(_sample(py_spy, live_local, native=native and interval_s == 0, timeout_s=timeout_s))
-        alive, gone = _liveness(targets)
-        live_local = [t for t in live_local if alive[t.rank]]
-        if live_local and all(samples[0][t.rank].stack is None for t in live_local):
-            raise InspectError(_no_dump_reason({t.rank: samples[0][t.rank] for t in live_local}))
-        if interval_s > 0 and live_local:
-            time.sleep(interval_s)
-            still = [t for t in live_local if rank_liveness(t)[0]]
-            samples.append(_sample(py_spy, still, native=native, timeout_s=timeout_s))
+    samples = _take_samples(sweep, interval_s=interval_s, native=native, timeout_s=timeout_s)
     after = activity_snapshot(run_dir)
     now = time.time()
     refresh_heartbeats(targets, run_dir)  # a heartbeat or an error written while we watched
-    alive, gone = _liveness(targets)
-    if run_dir is not None:
-        run = read_run_context(run_dir, now)
-    if not any(alive.values()):
-        return _all_gone(
-            alive=alive, gone=gone, run=run, samples=samples, stall_seconds=stall_seconds, **parts
-        )
+    sweep.look(now)
+    if not any(sweep.alive.values()):
+        return _all_gone(sweep, samples_taken=len(samples))
+    progress = _progress(sweep, samples, changed_files(before, after), now=now, interval_s=interval_s)
+    if progress.outcome == "not_confirmed":
+        raise NotConfirmed(progress.reason + (f"; {progress.note}" if progress.note else ""))
+    return _classified(sweep, progress, samples, now)
+
+
+def _take_samples(
+    sweep: _Sweep, *, interval_s: float, native: bool, timeout_s: float
+) -> list[dict[int, DumpResult]]:
+    """py-spy every live local rank once, and again `interval_s` seconds later (unless 0).
+
+    Raises:
+        InspectError: py-spy could not dump any live rank in the first sample.
+    """
+    live_local = [t for t in sweep.targets if t.local and sweep.alive[t.rank]]
+    if not live_local:
+        return []
+    # --native only on the last sample: unwinding native frames costs 0.1-0.7 s per rank, and the
+    # stack comparison looks at Python frames only (ProcessStack.signature), so sample 1 stays cheap.
+    first = _sample(sweep.py_spy, live_local, native=native and interval_s == 0, timeout_s=timeout_s)
+    alive, _ = _liveness(sweep.targets)
+    live_local = [t for t in live_local if alive[t.rank]]
+    if live_local and all(first[t.rank].stack is None for t in live_local):
+        raise InspectError(_no_dump_reason({t.rank: first[t.rank] for t in live_local}))
+    if interval_s <= 0 or not live_local:
+        return [first]
+    time.sleep(interval_s)
+    still = [t for t in live_local if rank_liveness(t)[0]]
+    return [first, _sample(sweep.py_spy, still, native=native, timeout_s=timeout_s)]
+
+
+def _compare(
+    targets: Sequence[RankTarget], samples: Sequence[dict[int, DumpResult]]
+) -> tuple[list[int], list[int]]:
+    """(ranks dumped in both samples, those of them whose stacks differ), sorted; ([], []) unless two
+    samples were taken."""
     compared, moved = [], []
     if len(samples) == 2:
         for t in targets:
@@ -124,6 +183,20 @@ def diagnose_hang(
                 compared.append(t.rank)
                 if a.stack.signature() != b.stack.signature():
                     moved.append(t.rank)
+    return sorted(compared), sorted(moved)
+
+
+def _progress(
+    sweep: _Sweep,
+    samples: list[dict[int, DumpResult]],
+    files_changed: list[str],
+    *,
+    now: float,
+    interval_s: float,
+) -> ProgressCheck:
+    """`decide_progress` on what the sweep saw: stacks, run files, heartbeat ages (seconds before `now`)."""
+    targets, alive, run = sweep.targets, sweep.alive, sweep.run
+    compared, moved = _compare(targets, samples)
     ages = [a for a in (t.heartbeat_age_s(now) for t in targets) if a is not None]
     if run is not None:
         ages += [a for a in (run.metrics_age_s, run.events_age_s) if a is not None]
@@ -131,13 +204,14 @@ def diagnose_hang(
     if run is not None and run.final_status is None:
         exited = [t.rank for t in targets if t.local and not alive[t.rank]]
     sampled_once = samples[0] if samples else {}
-    progress = decide_progress(
-        files_changed=changed_files(before, after),
-        ranks_compared=sorted(compared),
-        ranks_moved=sorted(moved),
+    two = len(samples) == 2
+    return decide_progress(
+        files_changed=files_changed,
+        ranks_compared=compared,
+        ranks_moved=moved,
         newest_activity_age_s=min(ages) if ages else None,
-        stall_seconds=stall_seconds,
-        interval_s=interval_s if len(samples) == 2 else 0.0,
+        stall_seconds=sweep.stall_seconds,
+        interval_s=interval_s if two else 0.0,
         samples=len(samples),
         ranks_exited=exited,
         ranks_not_inspected={t.rank: str(t.host) for t in targets if not t.local},
@@ -147,42 +221,33 @@ def diagnose_hang(
             if t.local and not alive[t.rank] and t.rank not in exited
         },
         ranks_not_dumped=[
-            t.rank
-            for t in targets
-            if t.local and alive[t.rank] and t.rank not in compared and len(samples) == 2
+            t.rank for t in targets if t.local and alive[t.rank] and t.rank not in compared and two
         ],
         ranks_total=len(targets),
     )
-    if progress.outcome == "not_confirmed":
-        raise NotConfirmed(progress.reason + (f"; {progress.note}" if progress.note else ""))
-    from grpolab.diagnose.hang.verdict.classify import classify
 
+
+def _classified(
+    sweep: _Sweep, progress: ProgressCheck, samples: list[dict[int, DumpResult]], now: float
+) -> HangReport:
+    """Classify the ranks' stacks into a verdict and report it, noting the ranks not inspected.
+
+    Raises:
+        InspectError: no stack at all to classify (e.g. every live rank is on another host).
+    """
     try:
         verdict = classify(
-            _observations(targets, alive, samples, now),
+            _observations(sweep.targets, sweep.alive, samples, now),
             progressed=progress.progressed,
-            backend=run.backend if run is not None else None,
+            backend=sweep.run.advice_backend if sweep.run is not None else None,
         )
-    except ValueError as e:  # e.g. every live rank is on another host: no stack at all
-        raise InspectError("; ".join([str(e), *notes])) from None
-    report = HangReport(
-        verdict=verdict,
-        progress=progress,
-        samples=samples,
-        alive=alive,
-        gone=gone,
-        run=run,
-        **_report_args(parts),
-    )
+    except ValueError as e:
+        raise InspectError("; ".join([str(e), *sweep.notes])) from None
+    report = sweep.report(verdict, progress, samples)
     for rank, why in report.missing_ranks().items():
-        if alive[rank] or (rank in gone and why != "exited (pid gone)"):  # a reused pid: say so
-            notes.append(f"rank {rank} not inspected: {why}")
-    report.elapsed_s = time.perf_counter() - started
+        if sweep.alive[rank] or (rank in sweep.gone and why != "exited (pid gone)"):  # a reused pid: say so
+            sweep.notes.append(f"rank {rank} not inspected: {why}")
     return report
-
-
-def _report_args(parts: dict) -> dict:
-    return {k: parts[k] for k in ("targets", "run_dir", "py_spy", "notes")}
 
 
 def _observations(
@@ -222,46 +287,21 @@ def _no_dump_reason(sample: dict[int, DumpResult]) -> str:
     return head + "; " + "; ".join(lines)
 
 
-def _all_gone(
-    *,
-    targets: list[RankTarget],
-    alive: dict[int, bool],
-    gone: dict[int, str],
-    run: RunContext | None,
-    run_dir: Path | None,
-    samples: list[dict[int, DumpResult]],
-    stall_seconds: float,
-    py_spy: str,
-    notes: list[str],
-    started: float,
-) -> HangReport:
+def _all_gone(sweep: _Sweep, *, samples_taken: int) -> HangReport:
     """No rank is alive: the run ended (its final status), or the `--pid`/`--match` processes ended.
 
     Raises:
         InspectError: a run directory whose run wrote no final status (killed?).
     """
-    from grpolab.diagnose.hang.ended import ended_run_check, ended_run_verdict, processes_ended
-
-    observations = _observations(targets, alive, [], time.time())
-    if run_dir is not None and (run is None or run.final_status is None):
+    targets, gone, run = sweep.targets, sweep.gone, sweep.run
+    observations = _observations(targets, sweep.alive, [], time.time())
+    if sweep.run_dir is not None and (run is None or run.final_status is None):
         pids = ", ".join(f"rank {t.rank} pid {t.pid}: {gone.get(t.rank, 'exited')}" for t in targets)
-        when = "every rank exited during the diagnosis" if samples else "no rank process is alive"
+        when = "every rank exited during the diagnosis" if samples_taken else "no rank process is alive"
         raise InspectError(f"{when} ({pids}); the run wrote no final status (killed? see console.log)")
     if run is not None:
-        progress = ended_run_check(run, stall_seconds)
+        progress = ended_run_check(run, sweep.stall_seconds)
         verdict = ended_run_verdict(observations, targets, gone, run)
     else:
-        progress, verdict = processes_ended(observations, targets, gone, stall_seconds, len(samples))
-    return HangReport(
-        verdict=verdict,
-        progress=progress,
-        samples=[],
-        alive=alive,
-        gone=gone,
-        run=run,
-        elapsed_s=time.perf_counter() - started,
-        targets=targets,
-        run_dir=run_dir,
-        py_spy=py_spy,
-        notes=notes,
-    )
+        progress, verdict = processes_ended(observations, targets, gone, sweep.stall_seconds, samples_taken)
+    return sweep.report(verdict, progress, [])

@@ -11,9 +11,7 @@ the rank's last heartbeat (or, for `--pid`/`--match`, after discovery): the kern
 
 from __future__ import annotations
 
-import json
 import socket
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ from grpolab.diagnose.common.procfs import (
     proc_state,
     started_after,
 )
+from grpolab.rundir.reader import RANKS_DIR, read_ranks
 
 __all__ = [
     "InspectError",
@@ -121,20 +120,9 @@ def _local_hostnames() -> set[str]:
     return {name, name.split(".")[0], socket.getfqdn(), "localhost"}
 
 
-def _read_json_retry(path: Path, *, retries: int = 2, wait_s: float = 0.1) -> Any:
-    """json.load with a short retry: a rank file may be mid-rewrite by a writer without atomic rename."""
-    for attempt in range(retries + 1):
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            if attempt == retries:
-                raise
-            time.sleep(wait_s)
-    raise AssertionError("unreachable")
-
-
 def read_rank_files(run_dir: Path) -> tuple[list[RankTarget], list[str]]:
-    """The ranks listed in `run_dir/ranks/*.json`, sorted by rank, and problems with unreadable files.
+    """The ranks listed in `run_dir/ranks/*.json` (read by `rundir.reader.read_ranks`: of two files
+    for one rank the newer heartbeat wins), sorted by rank, and problems with unusable files.
 
     Returns:
         (targets, problems): a problem is one line naming a rank file that could not be used.
@@ -147,68 +135,28 @@ def read_rank_files(run_dir: Path) -> tuple[list[RankTarget], list[str]]:
         raise InspectError(f"RUN_DIR {run_dir}: no such directory")
     if not run_dir.is_dir():
         raise InspectError(f"RUN_DIR {run_dir}: not a directory (expected a grpolab run directory)")
-    files = sorted((run_dir / "ranks").glob("*.json")) if (run_dir / "ranks").is_dir() else []
-    if not files:
-        what = "is empty" if not any(run_dir.iterdir()) else "has no ranks/*.json"
+    records, problems = read_ranks(run_dir)
+    if not records and not problems:
+        what = "is empty" if not any(run_dir.iterdir()) else f"has no {RANKS_DIR}/*.json"
         raise InspectError(
             f"RUN_DIR {run_dir}: {what} (expected the run directory of `grpolab train`, whose ranks "
             "write ranks/<rank>.json with their pid; for other processes use --pid or --match)"
         )
-    targets: list[RankTarget] = []
-    problems: list[str] = []
-    for path in files:
-        try:
-            data = _read_json_retry(path)
-        except json.JSONDecodeError as e:
-            problems.append(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); half-written? skipped")
-            continue
-        except OSError as e:
-            problems.append(f"{path}: unreadable ({e.strerror}); skipped")
-            continue
-        if not isinstance(data, dict):
-            problems.append(f"{path}: expected a JSON object with rank and pid; skipped")
-            continue
-        pid = data.get("pid")
-        rank = data.get("rank", path.stem)
-        try:
-            rank = int(rank)
-        except (TypeError, ValueError):
-            problems.append(f"{path}: 'rank' must be an integer, got {rank!r}; skipped")
-            continue
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            problems.append(f"{path}: 'pid' must be a positive integer, got {pid!r}; skipped")
-            continue
-        heartbeat = data.get("heartbeat") if isinstance(data.get("heartbeat"), dict) else None
-        error = data.get("error")
-        try:
-            written_at: float | None = path.stat().st_mtime
-        except OSError:
-            written_at = None
-        targets.append(
-            RankTarget(
-                rank=rank,
-                pid=pid,
-                host=data.get("host") if isinstance(data.get("host"), str) else None,
-                role=data.get("role") if isinstance(data.get("role"), str) else None,
-                heartbeat=heartbeat,
-                error=str(error) if error else None,
-                source=str(path),
-                written_at=written_at,
-            )
+    if not records:
+        raise InspectError(f"RUN_DIR {run_dir}: no usable rank file in {RANKS_DIR}/: " + "; ".join(problems))
+    targets = [
+        RankTarget(
+            rank=r.rank,
+            pid=r.pid,
+            host=r.host,
+            role=r.role,
+            heartbeat=r.heartbeat,
+            error=r.error,
+            source=r.source,
+            written_at=r.written_at,
         )
-    newest: dict[int, RankTarget] = {}
-    now = time.time()
-    for t in sorted(targets, key=lambda t: (t.heartbeat_age_s(now) is None, t.heartbeat_age_s(now) or 0.0)):
-        if t.rank in newest:
-            problems.append(
-                f"{t.source}: rank {t.rank} is also in {newest[t.rank].source}, whose heartbeat is newer; skipped"
-            )
-        else:
-            newest[t.rank] = t
-    targets = list(newest.values())
-    if not targets:
-        raise InspectError(f"RUN_DIR {run_dir}: no usable rank file in ranks/: " + "; ".join(problems))
-    targets.sort(key=lambda t: (t.rank, t.pid))
+        for r in records
+    ]
     return targets, problems
 
 

@@ -5,9 +5,9 @@ Ray's `(Actor pid=N)` prefixes) and torchrun logs (`[rank1]:`, `[default0]:`), a
 UTF-16 or binary file is not scanned, and the message says how to make a text log of it. A grpolab run
 directory stands for its console.log and what the directory recorded (logdoctor/run_outcome.py): console.log
 holds rank 0's output only, so every rank's recorded error (ranks/<rank>.json "error") is reported
-too, root cause first, and the final status is read from events.jsonl. The rules live in rules_*.py
-(model and registry: logdoctor/model.py); logdoctor/scan.py streams each file through them; this module prints the
-report and is the command.
+too, root cause first, and the final status is read from events.jsonl. The rules live in rules/ (model
+and registry: model.py); scan.py streams each file through them; report.py writes the report; this
+module is the command.
 
 Exit codes: 0 no error-severity finding, 1 at least one, 2 a file could not be read (missing, no
 permission, a directory that is not a run directory, not a text log; named on stderr, the other files

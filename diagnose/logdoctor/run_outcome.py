@@ -4,26 +4,20 @@ console.log holds rank 0's output only (the other ranks print to the terminal of
 so in a multi-rank run that fails, the rank that failed first may be missing from it and rank 0's
 final error is often a side effect (gloo: "Connection closed by peer"). Every rank records its own
 exception in `ranks/<rank>.json` ("error": type, message and traceback tail, rundir/writer.py
-`describe_exception`); this module reads those (with `grpolab diagnose hang`'s reader and root-cause
-order: hang/targets.py, hang/ended.py, common/rank_errors.py) and the last line of events.jsonl, and says
-where each error is written, so that findings can cite `ranks/<rank>.json:<line>`.
+`describe_exception`); this module reads those and the run's final status through the run-directory
+reader (`rundir.reader.read_ranks`, `final_status_event`), orders them as `grpolab diagnose hang` does
+(common/rank_errors.py), and says where each error is written, so that findings can cite
+`ranks/<rank>.json:<line>`.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpolab.diagnose.common.rank_errors import RankError
-from grpolab.diagnose.hang.ended import rank_errors
-from grpolab.diagnose.hang.targets import InspectError, read_rank_files
-
-TAIL_BYTES = 64 << 10
-"""Bytes read from the end of events.jsonl at a time to find its last line (a status event with a
-long error is a few kB)."""
+from grpolab.diagnose.common.rank_errors import RankError, recorded_errors
+from grpolab.rundir.reader import final_status_event, read_ranks
 
 _ERROR_KEY = re.compile(r'^\s*"error"\s*:')
 
@@ -68,46 +62,6 @@ class RunOutcome:
         return [r.error for r in self.rank_errors]
 
 
-def last_line(path: Path, tail_bytes: int = TAIL_BYTES) -> str | None:
-    """The last non-empty line of a text file (decoded as UTF-8, bad bytes replaced), or None when empty.
-
-    Reads backwards `tail_bytes` at a time until the line's start is found.
-
-    Raises:
-        OSError: the file cannot be opened or read.
-    """
-    with open(path, "rb") as f:
-        end = f.seek(0, os.SEEK_END)
-        data = b""
-        start = end
-        while start > 0:
-            start = max(0, start - tail_bytes)
-            f.seek(start)
-            data = f.read(end - start)
-            body = data.rstrip(b"\r\n")
-            if not body:
-                continue
-            if b"\n" in body or start == 0:
-                return body.rsplit(b"\n", 1)[-1].decode("utf-8", "replace").rstrip() or None
-        return None
-
-
-def _last_status(run_dir: Path) -> str | None:
-    try:
-        line = last_line(run_dir / "events.jsonl")
-    except OSError:
-        return None
-    if line is None:
-        return None
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    if isinstance(record, dict) and record.get("event") == "status" and isinstance(record.get("status"), str):
-        return record["status"]
-    return None
-
-
 def _error_line(path: Path) -> tuple[int, str]:
     """(1-based line, text) of the rank file's `"error":` key; (1, first line) when none is found."""
     try:
@@ -132,20 +86,16 @@ def read_run_outcome(run_dir: str | Path) -> RunOutcome:
     """
     directory = str(run_dir)
     path = Path(run_dir)
-    status = _last_status(path)
-    if not any((path / "ranks").glob("*.json")):
-        return RunOutcome(directory, last_status=status)
-    try:
-        targets, problems = read_rank_files(path)
-    except InspectError as e:
-        return RunOutcome(directory, last_status=status, problems=(str(e),))
-    files = {t.rank: Path(t.source) for t in targets}
+    final = final_status_event(path)
+    status = None if final is None else str(final["status"])
+    ranks, problems = read_ranks(path)
+    files = {r.rank: Path(r.source) for r in ranks}
     recorded = []
-    for error in rank_errors(targets):
+    for error in recorded_errors(ranks):
         source = files[error.rank]
         line, text = _error_line(source)
         recorded.append(RecordedError(error, str(source), line, text))
     return RunOutcome(directory, tuple(recorded), status, tuple(problems))
 
 
-__all__ = ["TAIL_BYTES", "RecordedError", "RunOutcome", "last_line", "read_run_outcome"]
+__all__ = ["RecordedError", "RunOutcome", "read_run_outcome"]

@@ -12,7 +12,6 @@ when --stop-pid's process exits, else only with Ctrl+C.
 from __future__ import annotations
 
 import bisect
-import json
 import re
 import sys
 import time
@@ -25,26 +24,13 @@ from grpolab.diagnose.common.wording import plural
 from grpolab.diagnose.watchdog.follow import LogFollower
 from grpolab.diagnose.watchdog.stopping import DEFAULT_GRACE_S, run_dir_pids, stop_processes
 from grpolab.diagnose.watchdog.target import WatchTarget, stamped
+from grpolab.rundir.reader import EVENTS_FILE, final_status_event
 
 EXIT_ENDED, EXIT_STOPPED, EXIT_CANNOT_WATCH, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_READ_TICK_S = 1.0
 """Longest pause between two reads of the log (grpolab's: a line is stamped at most 1 s late)."""
 ERRORS = ("error from the rollout engine", "errors from the rollout engine")
 """How messages name the lines of the default pattern (one, several)."""
-
-
-def final_status(lines: list[bytes]) -> str | None:
-    """The `status` of the final `status` event among events.jsonl lines, or None."""
-    for line in lines:
-        if b'"status"' not in line:
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line being written; it is read again complete
-        if isinstance(record, dict) and record.get("event") == "status":
-            return str(record.get("status"))
-    return None
 
 
 class Watchdog:
@@ -80,7 +66,6 @@ class Watchdog:
         self.out = sys.stdout if out is None else out
         self._clock, self._sleep = clock, sleep
         self._log = LogFollower(target.log, from_end=not target.from_start)
-        self._events: LogFollower | None = None
         self._times: list[float] = []  # read time of each matching line, ascending
         self.label = str(target.run_dir or target.log)
 
@@ -142,26 +127,16 @@ class Watchdog:
             return EXIT_INTERRUPTED
         finally:
             self._log.close()
-            if self._events is not None:
-                self._events.close()
 
     def _run_ended(self) -> str | None:
         """Why the run ended (its final status, or its process exited), or None while it runs."""
         for pid in self.target.stop_pids:
             if not is_alive(pid):
                 return f"process {pid} exited"
-        run_dir = self.target.run_dir
-        if run_dir is None:
+        if self.target.run_dir is None:
             return None
-        if self._events is None:
-            try:
-                self._events = LogFollower(run_dir / "events.jsonl", from_end=False)
-            except FileNotFoundError:
-                return None  # no event written yet
-            except OSError:
-                return None  # unreadable events do not end the run; the log checks go on
-        status = final_status(self._events.poll())
-        return None if status is None else f"status {status} in events.jsonl"
+        event = final_status_event(self.target.run_dir)  # unreadable events do not end the run
+        return None if event is None else f"status {event['status']} in {EVENTS_FILE}"
 
     def _stop(self) -> None:
         """SIGTERM to the target pids (or the run's rank processes on this host), SIGKILL after the grace."""

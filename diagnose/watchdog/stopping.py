@@ -9,7 +9,6 @@ from its `ranks/*.json`.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from grpolab.diagnose.common.procfs import is_alive
+from grpolab.rundir.reader import read_ranks
 
 DEFAULT_GRACE_S = 10.0
 """Seconds between SIGTERM and SIGKILL (the default grace period of `docker stop`, which the Miles 101
@@ -30,17 +30,11 @@ POLL_S = 0.1
 
 
 def run_dir_pids(run_dir: Path) -> list[int]:
-    """Pids of the run's rank processes on this host, from ranks/*.json (unreadable files are skipped)."""
+    """Pids of the run's rank processes on this host, from its rank files (`rundir.reader.read_ranks`;
+    unusable files are skipped)."""
     host = socket.gethostname()
-    pids = []
-    for path in sorted((run_dir / "ranks").glob("*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and record.get("host") == host and isinstance(record.get("pid"), int):
-            pids.append(record["pid"])
-    return sorted(set(pids))
+    ranks, _ = read_ranks(run_dir, retries=0)
+    return sorted({r.pid for r in ranks if r.host == host})
 
 
 def _processes(pids: Sequence[int]) -> str:

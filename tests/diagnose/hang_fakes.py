@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from grpolab.core.config import Config
 from grpolab.diagnose.hang import add_hang_arguments, run_hang_command
 from grpolab.diagnose.hang.targets import proc_cmdline, proc_env_rank
 
@@ -122,14 +123,14 @@ class FakeWorld:
         name: str = "run",
         age_s: float = 0.0,
         host: str | None = None,
-        device: str | None = None,
     ) -> Path:
-        """A run directory whose rank r is pids[r], heartbeat `age_s` seconds ago. A heartbeat more than
-        2 s older than its process reads as a reused pid, so a fresh sleeper's heartbeat is backdated
-        by at most `STALE_S`, with --stall-seconds 1."""
+        """A run directory whose rank r is pids[r], heartbeat `age_s` seconds ago, and a run.json in the
+        writer's shape (a default CPU config, gloo). A heartbeat more than 2 s older than its process
+        reads as a reused pid, so a fresh sleeper's heartbeat is backdated by at most `STALE_S`, with
+        --stall-seconds 1."""
         run = self.tmp / name
         (run / "ranks").mkdir(parents=True)
-        meta = {"name": name, "world_size": len(pids), **({"config": {"device": device}} if device else {})}
+        meta = {"name": name, "config": Config().to_dict(), "world_size": len(pids), "backend": "gloo"}
         (run / "run.json").write_text(json.dumps(meta))
         for rank, pid in enumerate(pids):
             record = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -219,20 +220,59 @@ def test_activity_age_comes_from_record_times_not_file_mtimes(world: FakeWorld, 
 
 
 # ------------------------------------------------------------------------------------- backend advice
-@pytest.mark.parametrize(("device", "nccl"), [("cuda", True), ("cpu", False), (None, False)])
-def test_next_steps_follow_the_run_device(world: FakeWorld, capsys, device: str | None, nccl: bool) -> None:
-    pids = [world.spawn(), world.spawn()]
-    for pid in pids:
+def _still_running(world: FakeWorld, short_run: Path, tmp_path: Path, **run_json_edits: object) -> Path:
+    """A copy of a real `grpolab train` run directory that looks like a 2-rank run stuck in an all_reduce:
+    run.json edited (device: config.model.device; other keys top level), its final status dropped, and
+    ranks 0 and 1 rewritten to live sleepers (fresh heartbeats) whose py-spy shows the all_reduce."""
+    run = Path(shutil.copytree(short_run, tmp_path / "real-run"))
+    meta = json.loads((run / "run.json").read_text())
+    for key, value in {"world_size": 2, **run_json_edits}.items():
+        if key == "device":
+            meta["config"]["model"]["device"] = value
+        else:
+            meta[key] = value
+    (run / "run.json").write_text(json.dumps(meta, indent=2))
+    events = (run / "events.jsonl").read_text().splitlines(keepends=True)
+    assert json.loads(events[-1])["event"] == "status"  # the real run finished
+    (run / "events.jsonl").write_text("".join(events[:-1]))
+    rank0 = json.loads((run / "ranks" / "0.json").read_text())
+    for rank in (0, 1):
+        pid = world.spawn()
         world.shows(pid, ALL_REDUCE)
-    run = world.run_dir(pids, device=device)
+        record = {**rank0, "rank": rank, "pid": pid, "heartbeat": {**rank0["heartbeat"], "time": time.time()}}
+        (run / "ranks" / f"{rank}.json").write_text(json.dumps(record))
+    return run
+
+
+@pytest.mark.parametrize(
+    ("edits", "nccl"),
+    [({"device": "cuda", "backend": "nccl"}, True), ({"device": "cuda"}, True), ({}, False)],
+    ids=["cuda-nccl", "cuda-no-backend", "cpu-as-written"],
+)
+def test_next_steps_follow_a_real_runs_device_and_backend(
+    world: FakeWorld, capsys, short_run: Path, tmp_path: Path, edits: dict, nccl: bool
+) -> None:
+    run = _still_running(world, short_run, tmp_path, **edits)
     code, report = run_json(world, capsys, str(run), "--interval", "0.1")
     steps = " ".join(report["verdict"]["next_steps"])
-    assert code == 1 and "TORCH_DISTRIBUTED_DEBUG=DETAIL" in steps
-    assert "timeout=timedelta(seconds=300)" in steps and "a shorter NCCL timeout" not in steps
+    assert code == 1 and report["verdict"]["hung"], report
+    assert report["run"]["device"] == edits.get("device", "cpu")
+    assert report["run"]["backend"] == edits.get("backend")  # a one-process CPU run records none
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in steps and "timeout=timedelta(seconds=300)" in steps
     assert ("NCCL_DEBUG=INFO" in steps) is nccl
-    expected_default = {"cuda": "10 min for NCCL)", "cpu": "30 min for gloo)", None: "30 min for gloo)"}
-    assert expected_default[device] in steps
-    assert ("GLOO_SOCKET_IFNAME" in steps) is (device == "cpu")
+    assert ("10 min for NCCL)" in steps) is nccl and ("30 min for gloo)" in steps) is not nccl
+    assert ("GLOO_SOCKET_IFNAME" in steps) is not nccl
+
+
+@pytest.mark.parametrize(("backend", "nccl"), [("det_nccl", True), ("det_gloo", False), ("gloo", False)])
+def test_the_recorded_backend_decides_the_advice(
+    world: FakeWorld, capsys, short_run: Path, tmp_path: Path, backend: str, nccl: bool
+) -> None:
+    # run.json's backend (deterministic collectives: det_nccl / det_gloo) outranks the device
+    run = _still_running(world, short_run, tmp_path, device="cuda" if not nccl else "cpu", backend=backend)
+    code, report = run_json(world, capsys, str(run), "--interval", "0.1")
+    steps = " ".join(report["verdict"]["next_steps"])
+    assert code == 1 and ("NCCL_DEBUG=INFO" in steps) is nccl and ("GLOO_SOCKET_IFNAME" in steps) is not nccl
 
 
 # ------------------------------------------------------------------------------------------ bad flags

@@ -22,8 +22,9 @@ import pytest
 from grpolab.diagnose.common.rank_errors import RankError
 from grpolab.diagnose.logdoctor import main as doctor
 from grpolab.diagnose.logdoctor.ruleset import LogRules
-from grpolab.diagnose.logdoctor.run_outcome import RecordedError, RunOutcome, last_line, read_run_outcome
+from grpolab.diagnose.logdoctor.run_outcome import RecordedError, RunOutcome, read_run_outcome
 from grpolab.diagnose.logdoctor.scan import scan_file
+from grpolab.rundir.reader import final_status_event
 
 FAULT = '[{"at_rollout": 0, "action": "raise_in_train", "rank": 1}]'
 INJECTED = "injected fault: raise_in_train on rank 1 at rollout 0 (--ci-ft-test-actions item 0)"
@@ -141,7 +142,7 @@ def test_status_is_only_claimed_from_a_run_directory(failed) -> None:
     assert "events.jsonl" not in alone.cause and "events.jsonl" not in alone.source
     outcome = read_run_outcome(run_dir)
     assert outcome.last_status == "failed" and [r.error.rank for r in outcome.rank_errors] == [1, 0]
-    assert json.loads(last_line(run_dir / "events.jsonl") or "{}")["status"] == "failed"
+    assert (final_status_event(run_dir) or {}).get("status") == "failed"
     # one recorded error that console.log prints: train_failed tells it, with the final status
     only_rank0 = RunOutcome(str(run_dir), outcome.rank_errors[1:], "failed")
     (told,) = scan_file(console, run=only_rank0).findings
@@ -229,7 +230,7 @@ def test_rank_errors_that_are_all_lost_connections_name_no_culprit() -> None:
     assert only.title == "rank 1 failed: ValueError: bad" and only.evidence[0].note == ""
 
 
-def test_read_run_outcome_and_last_line(tmp_path: Path, capsys) -> None:
+def test_read_run_outcome(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     (run / "ranks").mkdir(parents=True)
     (run / "console.log").write_text("grpolab train: error: ValueError: bad\n")
@@ -261,6 +262,3 @@ def test_read_run_outcome_and_last_line(tmp_path: Path, capsys) -> None:
     bare.mkdir()
     (bare / "console.log").write_text("")
     assert read_run_outcome(bare) == RunOutcome(str(bare))
-    one = tmp_path / "one.txt"
-    one.write_bytes(b"a\nb")
-    assert last_line(one, tail_bytes=1) == "b" and last_line(bare / "console.log") is None

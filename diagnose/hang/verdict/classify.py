@@ -135,8 +135,9 @@ def _kind_label(kind: str) -> str:
 
 
 def run_backend(observations: Sequence[RankObservation], hint: str | None = None) -> str | None:
-    """The run's communication backend for the advice: "nccl" when `hint` (from the run's config: a
-    cuda device) or any frame says NCCL, else "gloo" when either says gloo, else None."""
+    """The run's communication backend for the advice: "nccl" when `hint` (from run.json: its backend,
+    else its device; hang/activity.py) or any frame says NCCL, else "gloo" when either says gloo, else
+    None."""
     found = backend_from_stacks(stack for o in observations for stack in o.stacks)
     for backend in ("nccl", "gloo"):
         if backend in (hint, found):
