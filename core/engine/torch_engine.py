@@ -8,11 +8,7 @@ Sampling, per decode step and sample:
   log_softmax over the kept support -> sample by Gumbel-max with the sample's own noise ->
   record the sampled token's log-prob under exactly that (renormalized) distribution.
 
-Kept-set rule (SGLang's `top_k_top_p_min_p_sampling_from_probs_torch`, slime's top-p mask, notes
-5.6): sort the temperature-scaled probabilities once, descending; top-k keeps the first k; top-p
-keeps the smallest prefix whose cumulative probability (over the full, unfiltered distribution)
-reaches `top_p`, i.e. tokens whose exclusive prefix mass is < top_p (SGLang keeps `<= top_p`,
-which differs only at exact float ties); the kept set is the intersection, always >= 1 token.
+The kept-set rule and the sampling distribution's log-probs are pure functions in `sampling.py`.
 
 Seeding: request i has its own `torch.Generator` seeded with `request.seed` on the engine device;
 each decode step uses the next V uniforms u of that stream (Gumbel-max: argmax(logp - log(-log u))
@@ -48,6 +44,7 @@ from grpolab.core.engine.base import (
     SamplingParams,
     TensorMismatch,
 )
+from grpolab.core.engine.sampling import filtered_log_probs, kept_ids
 from grpolab.core.modeling import load_causal_lm
 
 _TINY = torch.finfo(torch.float32).tiny
@@ -55,42 +52,6 @@ _NOISE_BLOCK = 1 << 16  # uniforms drawn per row per generator call: C = clamp(2
 LOG_LINES = 200
 """How many lines the engine's in-memory log keeps (grpolab's: enough for one error message's tail
 and a run's recent weight updates; the oldest lines are dropped)."""
-
-
-def filtered_log_probs(
-    logits_AV: torch.Tensor, params: SamplingParams
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Log-probs of the sampling distribution, and the kept support when top-k/top-p filter.
-
-    Args:
-        logits_AV: [A, V] next-token logits, any float dtype.
-        params: temperature, top_k, top_p.
-
-    Returns:
-        logp_AV: [A, V] float32; log_softmax of logits/temperature over the kept support,
-            -inf outside it.
-        n_A: [A] int64 number of kept tokens per row, or None when nothing is filtered.
-        order_AV: [A, V] int64 vocab ids sorted by descending probability (the kept set of row a is
-            `order_AV[a, :n_A[a]]`), or None when nothing is filtered.
-    """
-    scaled_AV = logits_AV.float() / params.temperature
-    if not params.filters_support:
-        return torch.log_softmax(scaled_AV, dim=-1), None, None
-    A, V = scaled_AV.shape
-    sorted_AV, order_AV = scaled_AV.sort(dim=-1, descending=True)
-    n_A = torch.full((A,), V, dtype=torch.long, device=scaled_AV.device)
-    if params.top_k > 0:
-        n_A.clamp_(max=params.top_k)
-    if params.top_p < 1.0:
-        probs_AV = torch.softmax(sorted_AV, dim=-1)
-        before_AV = torch.cumsum(probs_AV, dim=-1) - probs_AV  # exclusive prefix mass, non-decreasing
-        before_AV[:, 0] = 0.0
-        n_A = torch.minimum(n_A, (before_AV < params.top_p).sum(dim=-1))
-    n_A.clamp_(min=1)
-    keep_AV = torch.arange(V, device=scaled_AV.device) < n_A[:, None]
-    logp_sorted_AV = torch.log_softmax(sorted_AV.masked_fill(~keep_AV, float("-inf")), dim=-1)
-    logp_AV = torch.empty_like(logp_sorted_AV).scatter_(1, order_AV, logp_sorted_AV)
-    return logp_AV, n_A, order_AV
 
 
 class TorchEngine:
@@ -214,12 +175,8 @@ class TorchEngine:
     ) -> list[GenerationResult]:
         """Generate for at most `max_batch_size` requests (runs under inference_mode)."""
         dev, B, T = self.device, len(reqs), params.max_new_tokens
-        L = max(len(r.prompt_ids) for r in reqs)
         pad = self.pad_token_id
-        ids_rows = [[pad] * (L - len(r.prompt_ids)) + list(r.prompt_ids) for r in reqs]
-        mask_rows = [[0] * (L - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in reqs]
-        ids_BL = torch.tensor(ids_rows, dtype=torch.long, device=dev)
-        mask_AL = torch.tensor(mask_rows, dtype=torch.long, device=dev)
+        ids_BL, mask_AL = self._left_padded(reqs)
         pos_BL = (mask_AL.cumsum(-1) - 1).clamp_(min=0)
         next_pos_A = mask_AL.sum(-1)  # position id of the next token, per row
         gens = [torch.Generator(device=dev).manual_seed(r.seed & 0xFFFF_FFFF_FFFF_FFFF) for r in reqs]
@@ -252,7 +209,7 @@ class TorchEngine:
                 tok_BT[rows_A, t] = tok_A
                 logp_BT[rows_A, t] = logp_AV.gather(1, tok_A[:, None]).squeeze(1)
                 if n_A is not None and order_AV is not None:
-                    kept_steps.append((rows, *_kept_ids(n_A, order_AV, V)))
+                    kept_steps.append((rows, *kept_ids(n_A, order_AV, V)))
                 bar.update(1)
                 if stop_S.numel():
                     for a in torch.isin(tok_A, stop_S).nonzero().flatten().tolist():
@@ -277,10 +234,33 @@ class TorchEngine:
             bar.close()
             self._cache = None
 
+        return self._results(tok_BT, logp_BT, length, reason, kept_steps if params.filters_support else None)
+
+    def _left_padded(self, reqs: list[GenerationRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prompts left-padded to the longest: ids [B, L] int64 and attention mask [B, L] (1 = prompt)."""
+        L, pad = max(len(r.prompt_ids) for r in reqs), self.pad_token_id
+        ids_rows = [[pad] * (L - len(r.prompt_ids)) + list(r.prompt_ids) for r in reqs]
+        mask_rows = [[0] * (L - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in reqs]
+        return (
+            torch.tensor(ids_rows, dtype=torch.long, device=self.device),
+            torch.tensor(mask_rows, dtype=torch.long, device=self.device),
+        )
+
+    def _results(
+        self,
+        tok_BT: torch.Tensor,
+        logp_BT: torch.Tensor,
+        length: list[int],
+        reason: list[FinishReason],
+        kept_steps: list[tuple[list[int], torch.Tensor, torch.Tensor]] | None,
+    ) -> list[GenerationResult]:
+        """One result per row b: its first `length[b]` tokens and log-probs (CPU), and with `kept_steps`
+        (per decode step: the original rows of the batch, kept counts, kept ids) its kept-id sets."""
+        B = len(length)
         tok_rows = tok_BT.cpu().tolist()
         logp_cpu = logp_BT.cpu()
-        kept: list[list[torch.Tensor]] | None = [[] for _ in range(B)] if params.filters_support else None
-        if kept is not None:
+        kept: list[list[torch.Tensor]] | None = [[] for _ in range(B)] if kept_steps is not None else None
+        if kept is not None and kept_steps is not None:
             for t, (step_rows, n_cpu, ids_cpu) in enumerate(kept_steps):
                 for a, b in enumerate(step_rows):
                     if t < length[b]:
@@ -417,11 +397,3 @@ class TorchEngine:
             memory_released=self.memory_released,
             detail=detail,
         )
-
-
-def _kept_ids(n_A: torch.Tensor, order_AV: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kept ids per row, ascending, as CPU tensors: (n_A [A], ids_AK [A, K]); row a is ids_AK[a, :n_A[a]]."""
-    K = int(n_A.max().item())
-    ids_AK = order_AV[:, :K].clone()
-    ids_AK.masked_fill_(torch.arange(K, device=ids_AK.device) >= n_A[:, None], V)
-    return n_A.cpu(), ids_AK.sort(dim=-1).values.cpu()
