@@ -67,7 +67,8 @@ class GRPORun:
             on_fire=self._record_fault,
         )
         parts = build_parts(config, run_dir, self.dist, self.timer)
-        self.fingerprint, self.eval_sets, self.sampling = parts.fingerprint, parts.eval_sets, parts.sampling
+        self.fingerprint, self.tokenizer = parts.fingerprint, parts.tokenizer
+        self.eval_sets, self.sampling = parts.eval_sets, parts.sampling
         # every rollout/sync/eval call goes through the engine's client (fails after --engine-failure-timeout)
         self.engine, self.actor, self.colocation = parts.engine, parts.actor, parts.colocation
         self.producer, self.recorder = parts.producer, parts.recorder

@@ -74,6 +74,7 @@ class RunParts:
     """What one run holds besides its counters; `engine` / `actor` are None where the run builds none."""
 
     fingerprint: str
+    tokenizer: Any
     eval_sets: dict[str, PromptDataset]
     sampling: SamplingParams
     engine: RolloutEngine | None
@@ -129,6 +130,7 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         )
     return RunParts(
         fingerprint=fingerprint,
+        tokenizer=tokenizer,
         eval_sets=eval_sets,
         sampling=sampling,
         engine=engine,
