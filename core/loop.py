@@ -33,6 +33,7 @@ from grpolab.core.config import Config
 from grpolab.core.dist import DistContext, all_gather_objects, shutdown
 from grpolab.core.engine.base import ReportsStats, Stoppable, capability
 from grpolab.core.evaluation import evaluate
+from grpolab.core.launch import check_on_this_machine
 from grpolab.core.metrics import PhaseTimer, format_line, rollout_metrics, summary_row
 from grpolab.core.startup import build_parts, checkpoint_to_resume, open_run
 from grpolab.core.weight_sync import sync_weights
@@ -137,10 +138,12 @@ class GRPORun:
                     f"warning: --ci-ft-test-actions: {action.action} at rollout {action.at_rollout} never fired"
                 )
         except KeyboardInterrupt as e:
+            _hold_sigterm()
             _log_end(e)
             self.run_dir.finish("interrupted", rollout_id=self.state.next_rollout_id)
             raise
         except BaseException as e:
+            _hold_sigterm()
             _log_end(e)
             self.run_dir.heartbeat("error", self.state.next_rollout_id, error=describe_exception(e))
             self.run_dir.finish(
@@ -378,7 +381,26 @@ def _interrupt_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
+def _hold_sigterm() -> None:
+    """Ignore SIGTERM while a failed or interrupted run writes its error and final status.
+
+    On a multi-rank failure torchrun sends SIGTERM to the surviving ranks as soon as one exits; a
+    second KeyboardInterrupt raised inside the failure path would leave `ranks/<r>.json` without its
+    error and events.jsonl without its `status` event (exit 130 instead of 1). The process exits right
+    after these few writes, so nothing waits on the ignored signal.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def train(config: Config, argv: list[str] | None = None) -> Path:
-    """Run GRPO with `config`; return the run directory."""
+    """Run GRPO with `config`; return the run directory.
+
+    Raises:
+        ValueError: what the config names is not on this machine (`--device`, `--load`, `--save`), or
+            bad input found while starting (data, checkpoint, run directory); RuntimeError: the run
+            failed; KeyboardInterrupt: SIGINT/SIGTERM (the run directory's last event says so).
+    """
+    check_on_this_machine(config)
     run = GRPORun.create(config, list(sys.argv if argv is None else argv))
     return run.run()

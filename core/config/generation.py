@@ -97,6 +97,9 @@ class RolloutConfig:
     engine_failure_timeout: float = 60.0
     """Seconds of failed engine calls and health checks before the run stops with an error naming the
     engine (never retry forever: Miles 101 manual, section 1.2)."""
+    rollout_engine: str = "torch"
+    """Rollout engine kind: torch (the in-process engine on --device); an unknown kind stops the run
+    at start, listing the known ones (core/engine/factory.py registers them)."""
 
     def __post_init__(self) -> None:
         require(

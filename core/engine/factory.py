@@ -1,7 +1,7 @@
 """Build the run's rollout engine from the config: one registry of engine kinds, one client around it.
 
-`build_engine(config)` builds the engine of `kind` (today only "torch", the in-process
-`TorchEngine`) and wraps it in `client.EngineClient`, so every call fails after
+`build_engine(config)` builds the engine kind `--rollout-engine` names (today only "torch", the
+in-process `TorchEngine`) and wraps it in `client.EngineClient`, so every call fails after
 `--engine-failure-timeout` whatever the engine is. Adding an engine (an HTTP client for
 `grpolab serve`, SGLang) is one module with a `(Config) -> RolloutEngine` builder plus one
 `ENGINES.register(...)` line here; what only some engines can do is an optional capability in
@@ -22,7 +22,7 @@ from grpolab.core.registry import Registry
 EngineBuilder = Callable[[Config], RolloutEngine]
 """Builds one engine kind from the run's config (raises ValueError naming the flag on bad settings)."""
 
-ENGINES: Registry[EngineBuilder] = Registry("rollout engine kind")
+ENGINES: Registry[EngineBuilder] = Registry("rollout engine kind", flag="--rollout-engine")
 """The engine kinds `build_engine` knows, by name."""
 
 
@@ -45,12 +45,12 @@ def torch_engine(config: Config) -> RolloutEngine:
 ENGINES.register("torch")(torch_engine)
 
 
-def build_engine(config: Config, kind: str = "torch") -> RolloutEngine:
-    """The engine of `kind`, behind an `EngineClient` that gives up after `--engine-failure-timeout` s.
+def build_engine(config: Config) -> RolloutEngine:
+    """The `--rollout-engine` kind, behind an `EngineClient` that gives up after `--engine-failure-timeout` s.
 
     Raises:
-        ValueError: an unknown `kind` (listing the registered ones), a non-positive
+        ValueError: an unknown `--rollout-engine` (listing the registered kinds), a non-positive
             `--engine-failure-timeout`, or whatever the kind's builder rejects.
     """
-    engine = ENGINES.get(kind)(config)
+    engine = ENGINES.get(config.rollout.rollout_engine)(config)
     return EngineClient(engine, failure_timeout=config.rollout.engine_failure_timeout)

@@ -314,8 +314,12 @@ def test_factory_builds_the_kind_behind_a_client(ckpt: Path) -> None:
     assert isinstance(engine, EngineClient) and engine.failure_timeout == 7.0
     assert isinstance(engine.wrapped, TorchEngine) and engine.name == f"torch engine ({ckpt.name}, cpu)"
     assert ENGINES.names() == ["torch"]
-    with pytest.raises(ValueError, match=r"unknown rollout engine kind 'http'.*valid: torch"):
-        build_engine(_config(ckpt), "http")
+    config = _config(ckpt)
+    config.rollout.rollout_engine = "http"
+    with pytest.raises(
+        ValueError, match=r"unknown rollout engine kind 'http' \(--rollout-engine\); valid: torch"
+    ):
+        build_engine(config)
 
 
 def test_capabilities_are_found_through_the_client(engine: TorchEngine) -> None:
