@@ -17,9 +17,7 @@ run, and how the run directory is opened, is startup.py.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from grpolab.core.config import Config
 from grpolab.core.dist import DistContext, all_gather_objects, shutdown
 from grpolab.core.engine.base import ReportsStats, Stoppable, capability
 from grpolab.core.evaluation import evaluate
+from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
 from grpolab.core.launch import check_on_this_machine
 from grpolab.core.metrics import PhaseTimer, format_line, rollout_metrics, summary_row
 from grpolab.core.startup import build_parts, checkpoint_to_resume, open_run
@@ -112,7 +111,7 @@ class GRPORun:
     def run(self) -> Path:
         """Run the remaining rollouts; return the run directory. The last event is always `status`."""
         cfg = self.cfg
-        _interrupt_on_sigterm()
+        previous_handler = interrupt_on_sigterm()
         interval = cfg.run.gpu_sample_interval
         gpu_sampler = start_run_sampler(self.run_dir.path, interval) if self.dist.is_primary else None
         try:
@@ -138,12 +137,12 @@ class GRPORun:
                     f"warning: --ci-ft-test-actions: {action.action} at rollout {action.at_rollout} never fired"
                 )
         except KeyboardInterrupt as e:
-            _hold_sigterm()
+            hold_sigterm()
             _log_end(e)
             self.run_dir.finish("interrupted", rollout_id=self.state.next_rollout_id)
             raise
         except BaseException as e:
-            _hold_sigterm()
+            hold_sigterm()
             _log_end(e)
             self.run_dir.heartbeat("error", self.state.next_rollout_id, error=describe_exception(e))
             self.run_dir.finish(
@@ -153,6 +152,7 @@ class GRPORun:
         finally:
             if gpu_sampler is not None:
                 gpu_sampler.stop()
+            restore_sigterm(previous_handler)
         self.run_dir.finish("finished", rollouts=self.state.next_rollout_id)
         shutdown(self.dist)
         return self.run_dir.path
@@ -369,28 +369,6 @@ def _log_end(exc: BaseException) -> None:
         log.warning(f"grpolab train: interrupted ({str(exc) or 'Ctrl+C'})", extra=CONSOLE_LOG_ONLY)
     else:
         log.error(f"grpolab train: error: {type(exc).__name__}: {exc}", extra=CONSOLE_LOG_ONLY)
-
-
-def _interrupt_on_sigterm() -> None:
-    """Treat SIGTERM (`timeout`, a scheduler) like Ctrl-C, so the final status event is written."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
-
-
-def _hold_sigterm() -> None:
-    """Ignore SIGTERM while a failed or interrupted run writes its error and final status.
-
-    On a multi-rank failure torchrun sends SIGTERM to the surviving ranks as soon as one exits; a
-    second KeyboardInterrupt raised inside the failure path would leave `ranks/<r>.json` without its
-    error and events.jsonl without its `status` event (exit 130 instead of 1). The process exits right
-    after these few writes, so nothing waits on the ignored signal.
-    """
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def train(config: Config, argv: list[str] | None = None) -> Path:

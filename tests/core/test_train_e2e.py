@@ -168,3 +168,30 @@ def test_checkpoint_from_another_model_is_refused(tmp_path: Path, tiny_model_dir
     AutoModelForCausalLM.from_config(config).save_pretrained(other)
     err = fails(tmp_path, capsys, "--hf-checkpoint", str(other), "--load", str(tmp_path / "ckpt"))
     assert "--load" in err and "iter_0000001" in err and "another model" in err
+
+
+def test_a_failed_run_gives_back_the_callers_sigterm_handler(tmp_path: Path) -> None:
+    """The run turns SIGTERM into an interrupt while it runs, swallows it while writing its end, and
+    then restores what the caller had: a process started afterwards must still die on SIGTERM."""
+    import signal
+    import subprocess
+
+    from runs import train_short
+
+    def mine(signum: int, frame: object) -> None:
+        raise AssertionError("not expected")
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        fault = '[{"at_rollout": 0, "action": "raise_in_train"}]'
+        with pytest.raises(RuntimeError):
+            train_short(tmp_path / "failed", "--ci-ft-test-actions", fault)
+        assert signal.getsignal(signal.SIGTERM) is mine
+        events = [json.loads(x) for x in (tmp_path / "failed" / "events.jsonl").read_text().splitlines()]
+        assert events[-1]["event"] == "status" and events[-1]["status"] == "failed"
+        assert "error" in json.loads((tmp_path / "failed" / "ranks" / "0.json").read_text())
+        child = subprocess.Popen(["sleep", "30"])
+        child.terminate()
+        assert child.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, before)
