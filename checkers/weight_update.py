@@ -9,16 +9,12 @@ reach still holds random values and is named with its max abs error and shape.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from grpolab.checkers.errors import CheckFailure
+from grpolab.core.engine.base import ChecksWeights
 
 
-class CheckableEngine(Protocol):
-    def weights_checker(self, action: str, *, seed: int = 0) -> list: ...
-
-
-def check_weight_update(engine: CheckableEngine, first_sync: Callable[[], None], *, seed: int = 0) -> None:
+def check_weight_update(engine: ChecksWeights, first_sync: Callable[[], None], *, seed: int = 0) -> None:
     """Snapshot, randomize, sync, compare.
 
     Raises:

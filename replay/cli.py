@@ -93,10 +93,10 @@ def run_replay_command(
 
 def print_gap_summary(result: LogprobsResult, path: Path, run_dir: str | Path, *, out: TextIO) -> None:
     """A few lines: the recomputed gap of the rollout and of each optimizer step next to the value the
-    run logged for that step (metrics.jsonl, read with `rundir.reader.read_metrics`), the weights, the file.
+    run logged for that step (read with `rundir.reader.read_metrics`), the weights, the file.
 
     Raises:
-        OSError: metrics.jsonl exists but cannot be read.
+        OSError: the run's metrics file exists but cannot be read.
     """
     from grpolab.replay.logprobs import GAP_KEY
     from grpolab.rundir.reader import read_metrics
