@@ -69,6 +69,9 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
     try:
         config = config_from_args(args)
         check_on_this_machine(config)
+        from grpolab.core.engine.factory import ENGINES
+
+        ENGINES.get(config.rollout.rollout_engine)  # an unknown kind is bad input, before any launch
     except ValueError as e:
         subcommand_parser(parser, "train").error(str(e))  # usage: grpolab train …, exit 2
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:

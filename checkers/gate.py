@@ -403,8 +403,8 @@ def add_gate_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="RUN_OR_LOG",
         help="run directory, its metrics .jsonl file, or a Miles/slime console log",
     )
-    p.add_argument("--baseline", action="append", default=[], metavar="RUN_OR_LOG",
-                   help="healthy run of the same setup (repeatable); used by --gap-range auto")  # fmt: skip
+    p.add_argument("--baseline", action="extend", nargs="+", default=[], metavar="RUN_OR_LOG",
+                   help="healthy runs of the same setup (several after one flag, or the flag repeated); used by --gap-range auto")  # fmt: skip
     p.add_argument("--step0-kl", type=float, default=None, metavar="T",
                    help="first step: |train/ppo_kl| < T and train/pg_clipfrac < 1e-10 (Miles: T = 1e-9)")  # fmt: skip
     p.add_argument("--gap-range", default=None, metavar="auto|LO:HI",

@@ -37,7 +37,7 @@ def check_on_this_machine(config: Config) -> None:
 
     Raises:
         ValueError: a CUDA `--device` on a torch build or machine without CUDA; `--save` naming a
-            file; `--load` naming no directory (each message names the flag).
+            file or a path under one; `--load` naming no directory (each message names the flag).
     """
     device = config.model.device
     if device.startswith("cuda"):
@@ -46,13 +46,31 @@ def check_on_this_machine(config: Config) -> None:
         if not torch.cuda.is_available():
             raise ValueError(f"--device {device}: this torch build or machine has no CUDA device")
     save, load = config.checkpoint.save, config.checkpoint.load
-    if save is not None and Path(save).is_file():
-        raise ValueError(f"--save {save}: is a file; expected a directory for checkpoints")
+    if save is not None:
+        _check_can_hold_directory(Path(save), "--save")
     if load is not None and not Path(load).is_dir():
         raise ValueError(
             f"--load {load}: no such directory (give the --save directory of a run; "
             "an existing empty directory starts fresh)"
         )
+
+
+def _check_can_hold_directory(path: Path, flag: str) -> None:
+    """`path` is a directory, or can become one: its nearest existing ancestor is a directory.
+
+    Raises:
+        ValueError: `path` exists and is not a directory (a file, /dev/null), or an ancestor is a file.
+    """
+    if path.exists():
+        if not path.is_dir():
+            what = "is a file" if path.is_file() else "exists and is not a directory"
+            raise ValueError(f"{flag} {path}: {what}; expected a directory for checkpoints")
+        return
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{flag} {path}: {parent} is a file, so the directory cannot be made there")
+            return
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:

@@ -70,6 +70,13 @@ def test_manual_step0_gap_inside_the_healthy_seeds_passes(capsys: pytest.Capture
     assert out.rstrip().endswith("gate: PASS (1/1 checks passed)")
 
 
+def test_baselines_after_one_flag_or_repeated_flags_are_the_same(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's `--baseline A B C` and `--baseline A --baseline B --baseline C` give one report."""
+    code, together, _ = run(capsys, OK, "--baseline", *SEEDS, "--gap-range", "auto")
+    assert code == 0 and together == run(capsys, OK, *auto())[1]
+    assert f"from {len(SEEDS)} baseline(s)" in together
+
+
 def test_gap_several_times_the_range_fails(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, BAD_GAP, *auto())
     assert code == 1

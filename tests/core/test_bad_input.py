@@ -37,6 +37,8 @@ def test_model_fingerprint_ignores_where_the_model_lives(tiny_model_dir: Path, t
         (["--seed", "-1"], "--seed must be a non-negative integer"),
         (["--train-dtype", "float16"], "--train-dtype must be one of"),
         (["--device", "cuda"], "--device cuda: this torch build or machine has no CUDA device"),
+        (["--rollout-engine", "http"], "unknown rollout engine kind 'http' (--rollout-engine); valid: torch"),
+        (["--save", "/dev/null"], "--save /dev/null: exists and is not a directory"),
     ],
 )
 def test_flags_rejected_at_parse_time(argv: list[str], needle: str, capsys) -> None:
@@ -70,6 +72,12 @@ def test_load_and_save_paths(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["train", "--save", str(tmp_path / "a_file")])
     assert "is a file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # caught before any rollout, not when the first save fails
+        main(["train", "--save", str(tmp_path / "a_file" / "ckpt")])
+    assert (
+        info.value.code == 2
+        and "a_file is a file, so the directory cannot be made there" in capsys.readouterr().err
+    )
     orphan = tmp_path / "orphan"
     (orphan / "iter_0000002").mkdir(parents=True)
     with pytest.raises(checkpoint.CheckpointError, match="no latest_checkpointed_iteration.txt"):

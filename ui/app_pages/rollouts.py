@@ -18,8 +18,9 @@ from grpolab.replay.format import RecordingError
 from grpolab.replay.logprobs import LogprobsError, LogprobsResult
 from grpolab.ui import jobs, state
 
+# Seconds between two looks at a running `grpolab replay logprobs` (the command takes seconds). A comment,
+# not a docstring: Streamlit's "magic" would print a bare string of a page module on the page.
 POLL_S = 1.0
-"""Seconds between two looks at a running `grpolab replay logprobs` (the command takes seconds)."""
 if TYPE_CHECKING:
     from grpolab.core.batch import Sample
 
