@@ -161,13 +161,14 @@ def weights_for_rollout(
 
 
 def recording_of(config: Config, events: list[dict[str, Any]], rollout_id: int, run_dir: Path) -> Path:
-    """The .grz recording of `rollout_id`: its `rollout_recorded` event's path, else the
-    `--save-debug-rollout-data` template, each as given, under the run directory or as rollouts/<name>.
+    """The .grz recording of `rollout_id` by the rule the UI lists them with
+    (`rundir.recordings.recorded_rollouts` with the run's `--save-debug-rollout-data` template).
 
     Raises:
         LogprobsError: the run recorded no such rollout, or the file is not here.
     """
-    found = recorded_rollouts(run_dir, events).get(rollout_id)
+    template = config.debug.save_debug_rollout_data
+    found = recorded_rollouts(run_dir, events, template).get(rollout_id)
     if found is not None:
         return found
     named = [
@@ -175,12 +176,8 @@ def recording_of(config: Config, events: list[dict[str, Any]], rollout_id: int, 
         for e in events
         if e.get("event") == "rollout_recorded" and e.get("rollout_id") == rollout_id and e.get("path")
     ]
-    template = config.debug.save_debug_rollout_data
     if template:
         named.append(template.replace("{rollout_id}", str(rollout_id)))
-        found = locate(run_dir, named[-1])
-        if found is not None and found.is_file():
-            return found
     recorded = sorted({e["rollout_id"] for e in events if e.get("event") == "rollout_recorded"})
     if not named:
         raise LogprobsError(
@@ -227,6 +224,23 @@ def trainer_log_probs(config: Config, samples: list[Sample], source: WeightsSour
     return [lp.numpy().astype(np.float32) for lp in actor.compute_log_probs(samples).log_probs]
 
 
+def check_output(out: Path, force: bool) -> None:
+    """Refuse, before any computing, a result path that cannot be written.
+
+    Raises:
+        LogprobsError: `out`'s folder (RUN_DIR/logprobs) exists and is not a directory; `out` is a
+            directory; `out` exists and not `force`.
+    """
+    if out.parent.exists() and not out.parent.is_dir():
+        raise LogprobsError(
+            f"{out.parent} is not a directory; expected the folder of the result files (move it away)"
+        )
+    if out.is_dir():
+        raise LogprobsError(f"{out} is a directory; expected the result file of the rollout (move it away)")
+    if out.exists() and not force:
+        raise LogprobsError(f"{out} already exists; pass --force to recompute it")
+
+
 def recompute(
     run_dir: str | Path, rollout_id: int, *, force: bool = False, progress: Callable[[str], None] = print
 ) -> tuple[LogprobsResult, Path]:
@@ -239,7 +253,8 @@ def recompute(
         the result and the file written (`result_path`).
 
     Raises:
-        LogprobsError: the result exists and not `force`; no recording; the weights are not on disk
+        LogprobsError: the result path cannot be written or exists and not `force` (`check_output`);
+            no recording; a recording whose header names another rollout; the weights are not on disk
             (the message says why); run.json's config does not parse here.
         RunDirError: run.json is missing or unreadable. RecordingError: a damaged recording.
         OSError: files that cannot be read or written.
@@ -248,15 +263,20 @@ def recompute(
 
     run_dir = Path(run_dir)
     out = result_path(run_dir, rollout_id)
-    if out.exists() and not force:
-        raise LogprobsError(f"{out} already exists; pass --force to recompute it")
+    check_output(out, force)
     (config, world_size), events = _run_config(run_dir), read_events(run_dir)
     recording = recording_of(config, events, rollout_id, run_dir)
     source = weights_for_rollout(config, events, rollout_id, run_dir)
     if isinstance(source, str):
         raise LogprobsError(f"{run_dir}: cannot recompute rollout {rollout_id}: {source}")
     progress(f"[1/3] reading {recording}")
-    samples = load_rollout(recording).samples
+    loaded = load_rollout(recording)
+    if loaded.rollout_id != rollout_id:
+        raise LogprobsError(
+            f"{recording}: its header says rollout {loaded.rollout_id!r}, not --rollout {rollout_id} "
+            f"(a mislabelled or renamed recording); nothing computed"
+        )
+    samples = loaded.samples
     progress(f"[2/3] loading the {source.description} and scoring {len(samples)} samples on CPU")
     trainer = trainer_log_probs(config, samples, source)
     engine = [s.rollout_log_probs.numpy().astype(np.float32) for s in samples]

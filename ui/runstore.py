@@ -242,11 +242,15 @@ class RunStore:
         return [] if source != "grpolab" else self._jsonl(path / reader.EVENTS_FILE).rows
 
     def list_rollouts(self, run_id: str) -> dict[int, Path]:
-        """Recorded rollouts of a run: rollout id → .grz path (events first, then rollouts/*.grz)."""
+        """Recorded rollouts of a run: rollout id → .grz path, by `grpolab replay logprobs`' rule
+        (`rundir.recordings.recorded_rollouts` with run.json's `--save-debug-rollout-data`)."""
         path, source = self._locate(run_id)
         if source != "grpolab":
             return {}
-        return recordings.recorded_rollouts(path, self.read_events(run_id))
+        debug = self.read_config(run_id).get("debug")
+        template = debug.get("save_debug_rollout_data") if isinstance(debug, dict) else None
+        template = template if isinstance(template, str) else None
+        return recordings.recorded_rollouts(path, self.read_events(run_id), template)
 
     def read_rollout(self, run_id: str, rollout_id: int) -> RolloutRecording | None:
         """The recorded rollout (`replay.recording.load_rollout`), or None when not recorded.

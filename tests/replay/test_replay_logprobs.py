@@ -18,6 +18,7 @@ from grpolab.replay.logprobs import (
     WeightsSource,
     gap_result,
     read_result,
+    recording_of,
     result_path,
     trainer_log_probs,
 )
@@ -139,3 +140,86 @@ def test_gap_reductions() -> None:
     assert logprob_gap.step_windows(8, 4, 2) == [[0, 1, 4, 5], [2, 3, 6, 7]]
     assert logprob_gap.step_windows(16, 8, 1) == [list(range(8)), list(range(8, 16))]
     assert logprob_gap.step_windows(10, 4, 1) == []
+
+
+def _copy(recorded: Path, dest: Path, *, template: str | None = None, recorded_events: bool = True) -> Path:
+    """`cp -r` of the run without its results; `template` replaces run.json's --save-debug-rollout-data,
+    and the `rollout_recorded` events are dropped unless `recorded_events`."""
+    shutil.copytree(recorded, dest, ignore=shutil.ignore_patterns("logprobs"))
+    if template is not None:
+        meta = json.loads((dest / "run.json").read_text())
+        meta["config"]["debug"]["save_debug_rollout_data"] = template
+        (dest / "run.json").write_text(json.dumps(meta))
+    if not recorded_events:
+        rows = [json.loads(line) for line in (dest / "events.jsonl").read_text().splitlines()]
+        kept = [r for r in rows if r["event"] != "rollout_recorded"]
+        (dest / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    return dest
+
+
+def test_recording_copied_with_its_run_is_scored(
+    recorded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # recorded with --save-debug-rollout-data 'runs/recA/r_{rollout_id}.grz' --run-dir runs/recA, then
+    # `cp -r runs/recA /tmp/copyA; cd /tmp`: the events name runs/recA/r_0.grz, the file is copyA/r_0.grz
+    copy = _copy(recorded, tmp_path / "copyA", template="runs/recA/r_{rollout_id}.grz")
+    shutil.move(copy / "rollouts" / "rollout_0.grz", copy / "r_0.grz")
+    events = (copy / "events.jsonl").read_text()
+    (copy / "events.jsonl").write_text(
+        events.replace(str(recorded / "rollouts" / "rollout_0.grz"), "runs/recA/r_0.grz")
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["replay", "logprobs", str(copy), "--rollout", "0"]) == 0, capsys.readouterr().err
+    result = read_result(result_path(copy, 0))
+    assert result.recording == str(copy / "r_0.grz")
+    assert result.mean_abs_gap == pytest.approx(np.mean([g for _, g in _logged(recorded, 0)]), rel=REL)
+
+
+def test_cli_and_ui_find_recordings_by_the_template_when_events_lack_them(
+    recorded: Path, tmp_path: Path
+) -> None:
+    from grpolab.ui.runstore import RunStore
+
+    copy = _copy(recorded, tmp_path / "copyB", recorded_events=False)
+    shutil.rmtree(copy / "rollouts")  # only run.json's absolute template names the originals
+    config = read_run_meta(copy).config
+    assert config is not None
+    expected = {i: recorded / "rollouts" / f"rollout_{i}.grz" for i in (0, 1)}
+    assert {i: recording_of(config, [], i, copy) for i in (0, 1)} == expected
+    store = RunStore([tmp_path])
+    (run_id,) = [r.run_id for r in store.list_runs() if r.path == copy]
+    assert store.list_rollouts(run_id) == expected
+
+
+def test_mislabelled_recording_is_refused(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # found through the copy's rollouts/ folder: no event, a template whose files are gone
+    copy = _copy(
+        recorded, tmp_path / "mislabelled", template="/gone/rollout_{rollout_id}.grz", recorded_events=False
+    )
+    wrong = copy / "rollouts" / "rollout_1.grz"
+    shutil.copy(copy / "rollouts" / "rollout_0.grz", wrong)  # rollout 0's recording under rollout 1's name
+    assert main(["replay", "logprobs", str(copy), "--rollout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{wrong}: its header says rollout 0, not --rollout 1" in err and "Traceback" not in err
+    assert "[2/3]" not in err and not result_path(copy, 1).exists()
+
+
+def test_unwritable_result_path_is_refused_before_computing(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = _copy(recorded, tmp_path / "blocked")
+    (copy / "logprobs").write_text("not a folder")
+    assert main(["replay", "logprobs", str(copy), "--rollout", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"{copy / 'logprobs'} is not a directory; expected the folder of the result files" in err
+    assert "[1/3]" not in err
+    (copy / "logprobs").unlink()
+    result_path(copy, 0).mkdir(parents=True)
+    for extra in ([], ["--force"]):
+        assert main(["replay", "logprobs", str(copy), "--rollout", "0", *extra]) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"{result_path(copy, 0)} is a directory; expected the result file" in err and "[1/3]" not in err
+        )
