@@ -254,13 +254,16 @@ class MetricsFile:
     Attributes:
         path: the file read; records: every metric record in file order (`MetricRecord.line_no`
             is its 1-based line); bad_lines: (line, why) of complete lines that are not metric
-            records; partial_last_line: a half-written last line was skipped (a live writer).
+            records; partial_last_line: a half-written last line was skipped (a live writer);
+        non_numeric: line → {key: the value as JSON} of metric values that are not numbers (null,
+            a string, an object...), which `metric_record` drops from that line's record.
     """
 
     path: Path
     records: list[MetricRecord]
     bad_lines: list[tuple[int, str]]
     partial_last_line: bool
+    non_numeric: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
 def _index(value: Any) -> int | None:
@@ -269,6 +272,11 @@ def _index(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"index {value!r} is not a number")
     return int(value)
+
+
+def _is_number(value: Any) -> bool:
+    """A metric value a record keeps (bools count, as 0/1)."""
+    return isinstance(value, int | float)
 
 
 def metric_record(obj: dict[str, Any], line_no: int = 0) -> MetricRecord:
@@ -283,7 +291,7 @@ def metric_record(obj: dict[str, Any], line_no: int = 0) -> MetricRecord:
         raise ValueError(f"'kind' must be a string, got {kind!r}")
     if not isinstance(metrics, dict):
         raise ValueError(f"'metrics' must be an object, got {type(metrics).__name__}")
-    values = {str(k): float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+    values = {str(k): float(v) for k, v in metrics.items() if _is_number(v)}
     t = obj.get("time")
     side = obj.get("side")
     return MetricRecord(
@@ -306,12 +314,17 @@ def read_metrics_file(path: str | Path) -> MetricsFile:
     lines = read_jsonl(path)
     records: list[MetricRecord] = []
     bad = [(n, "not a JSON object") for n in lines.bad_lines]
+    dropped: dict[int, dict[str, str]] = {}
     for obj, n in zip(lines.rows, lines.line_nos, strict=True):
         try:
             records.append(metric_record(obj, n))
         except ValueError as e:
             bad.append((n, str(e)))
-    return MetricsFile(Path(path), records, sorted(bad), lines.partial_last_line)
+            continue
+        odd = {str(k): json.dumps(v) for k, v in obj["metrics"].items() if not _is_number(v)}
+        if odd:
+            dropped[n] = odd
+    return MetricsFile(Path(path), records, sorted(bad), lines.partial_last_line, dropped)
 
 
 def read_metrics(run_dir: str | Path, kind: str | None = None) -> list[MetricRecord]:

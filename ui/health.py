@@ -19,6 +19,7 @@ Thresholds and where they come from (THRESHOLDS below repeats them for the page)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -261,43 +262,67 @@ STEP0_SOURCE = "manual 5.2 (Miles' --ci-test asserts ppo_kl < 1e-9, pg_clipfrac 
 GAP_SOURCE = "manual 5.2: compare the step-0 gap with the range of your healthy runs; checkers/step0.py"
 GAP_RULE = (
     f"ok: inside the range; watch: outside; red: > {step0.FAR_FACTOR:g}× its top ('several times your "
-    "range'); a baseline range is their step-0 min..max widened by the margin "
+    "range') or missing; a baseline range is their step-0 min..max widened by the margin "
     "(as `grpolab gate --gap-range auto`)"
 )
 _GAP_STATUS = {"inside": "ok", "outside": "watch", "far": "red"}
 
 
-def step0_checks(first: MetricRecord | None, *, gap_range: tuple[float, float] | None = None) -> list[Signal]:
+def _absent(key: str, first: MetricRecord, non_numeric: Mapping[str, str]) -> str:
+    """Why the first step record holds no number for `key` (`grpolab gate`: "key not found")."""
+    where = f"the first step record (step {first.step}, line {first.line_no})"
+    if key in non_numeric:
+        return f"not a number: {non_numeric[key]} in {where}"
+    return f"missing from {where}"
+
+
+def step0_checks(
+    first: MetricRecord | None,
+    *,
+    gap_range: tuple[float, float] | None = None,
+    non_numeric: Mapping[str, str] | None = None,
+) -> list[Signal]:
     """The step-0 rule (`checkers/step0.py`, the gate's and the in-run checker's) on a run's first
-    step record `first` (None: no step logged): ppo_kl, pg_clipfrac, kl_loss when logged (ok / red /
-    n/a when not logged), and the step-0 gap against `gap_range` (lo, hi) (ok / watch / red: outside
-    the range fails the gate either way; red when "far")."""
+    step record `first` (None: no step logged): ppo_kl, pg_clipfrac, kl_loss when logged, and the
+    step-0 gap against `gap_range` (lo, hi). Each row is the gate's verdict: ok / red (a key missing
+    from the record, or not a number there, is red: `grpolab gate` fails it), the gap ok / watch / red
+    (outside the range fails the gate either way; red when "far" or absent); n/a when no step was
+    logged (the gate cannot judge: exit 2) or the gap has no range chosen.
+
+    `non_numeric`: key → the value as JSON of the record's metric values that are not numbers
+    (`reader.MetricsFile.non_numeric` of its line), so that the evidence can say so.
+    """
     at = "no step logged" if first is None else f"step {first.step}"
+    odd = non_numeric or {}
     out = []
     for check in step0.step0_checks({} if first is None else first.metrics):
-        rule = f"ok: |value| < {check.limit:g} at the first step; red otherwise"
-        if not check.logged:
-            out.append(
-                Signal(f"step 0 {check.key}", check.key, "n/a", f"not logged ({at})", rule, STEP0_SOURCE)
-            )
-            continue
-        status = "ok" if check.passed else "red"
-        out.append(
-            Signal(f"step 0 {check.key}", check.key, status, f"{check.value:.6g} ({at})", rule, STEP0_SOURCE)
-        )
+        rule = f"ok: |value| < {check.limit:g} at the first step; red otherwise (also when missing)"
+        name = f"step 0 {check.key}"
+        if first is None:
+            out.append(Signal(name, check.key, "n/a", f"not logged ({at})", rule, STEP0_SOURCE))
+        elif check.value is None:
+            out.append(Signal(name, check.key, "red", _absent(check.key, first, odd), rule, STEP0_SOURCE))
+        else:
+            status = "ok" if check.passed else "red"
+            out.append(Signal(name, check.key, status, f"{check.value:.6g} ({at})", rule, STEP0_SOURCE))
+    out.append(_gap_check(first, at, gap_range, odd))
+    return out
+
+
+def _gap_check(
+    first: MetricRecord | None, at: str, gap_range: tuple[float, float] | None, odd: Mapping[str, str]
+) -> Signal:
     key, name = step0.GAP_KEY, "step 0 gap vs baseline"
     v = None if first is None else first.metrics.get(key)
+    if first is None or (gap_range is None and v is None):
+        return Signal(name, key, "n/a", f"not logged ({at})", GAP_RULE, GAP_SOURCE)
+    if gap_range is None:
+        return Signal(name, key, "n/a", f"{v:.6g} ({at}); no baseline range chosen", GAP_RULE, GAP_SOURCE)
+    lo, hi = gap_range
     if v is None:
-        out.append(Signal(name, key, "n/a", f"not logged ({at})", GAP_RULE, GAP_SOURCE))
-    elif gap_range is None:
-        out.append(
-            Signal(name, key, "n/a", f"{v:.6g} ({at}); no baseline range chosen", GAP_RULE, GAP_SOURCE)
-        )
-    else:
-        lo, hi = gap_range
-        status = _GAP_STATUS[step0.gap_place(v, lo, hi)]
-        out.append(Signal(name, key, status, f"{v:.6g} ({at}) vs [{lo:.6g}, {hi:.6g}]", GAP_RULE, GAP_SOURCE))
-    return out
+        return Signal(name, key, "red", _absent(key, first, odd), GAP_RULE, GAP_SOURCE)
+    status = _GAP_STATUS[step0.gap_place(v, lo, hi)]
+    return Signal(name, key, status, f"{v:.6g} ({at}) vs [{lo:.6g}, {hi:.6g}]", GAP_RULE, GAP_SOURCE)
 
 
 def baseline_gap_range(

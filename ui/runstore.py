@@ -38,7 +38,7 @@ from grpolab.replay import logprobs
 from grpolab.replay.recording import RolloutRecording, load_rollout
 from grpolab.rundir import reader, recordings
 from grpolab.rundir.foreign_logs import MetricRecord, ParsedLog, parse_file
-from grpolab.ui import discovery, readers
+from grpolab.ui import discovery, readers, stored_reports
 from grpolab.ui.stored_reports import HANG_VERDICT, RANK_DUMP, StoredHangReport, read_text, stamp_order
 
 
@@ -180,6 +180,12 @@ class RunStore:
         path, source = self._locate(run_id)
         return self._log(path).records if source == "miles log" else self._metrics(path).records
 
+    def non_numeric(self, run_id: str) -> dict[int, dict[str, str]]:
+        """Metric values a run directory's metrics file holds that are not numbers, left out of
+        `records` (`reader.MetricsFile.non_numeric`: line → key → value as JSON); {} for a log."""
+        path, source = self._locate(run_id)
+        return {} if source == "miles log" else self._metrics(path).non_numeric
+
     def read_scalars(self, run_ids: Sequence[str], keys: Sequence[str] | None = None) -> pd.DataFrame:
         """Metrics of several runs → frame indexed by (run, kind, step), columns `keys` + `time`.
 
@@ -309,7 +315,7 @@ class RunStore:
 
     def read_hang_reports(self, run_id: str) -> list[StoredHangReport]:
         """The `grpolab diagnose hang` reports under RUN_DIR/diagnose/ (folders holding verdict.json),
-        newest first ([] for logs). Each file is read through the cache."""
+        newest first ([] for logs); an unreadable verdict.json sets `error`. Files are read through the cache."""
         path, _ = self._locate(run_id)
         out = []
         for verdict in (f for f in self._diagnose_files(run_id) if f.name == HANG_VERDICT):
@@ -321,7 +327,8 @@ class RunStore:
                     dumps[int(m[1])] = self._cached(f, "text", read_text)
             order = stamp_order(folder)
             rel = folder.relative_to(path).as_posix()
-            report = StoredHangReport(rel, order[0], self._json(verdict) or {}, dict(sorted(dumps.items())))
+            got = self._cached(verdict, "verdict", stored_reports.read_verdict)
+            report = StoredHangReport.of(rel, order[0], got, dict(sorted(dumps.items())))
             out.append((order, report))
         return [report for _, report in sorted(out, key=lambda t: t[0], reverse=True)]
 
@@ -369,6 +376,9 @@ class RunStore:
             warnings.append(f"{name} ends in a half-written line (skipped)")
         if metrics.bad_lines:
             warnings.append(f"{name} lines {[n for n, _ in metrics.bad_lines[:5]]} do not parse (skipped)")
+        if metrics.non_numeric:
+            odd = [f"line {n}: {k} = {v}" for n, kv in metrics.non_numeric.items() for k, v in kv.items()]
+            warnings.append(f"{name}: {len(odd)} value(s) not a number (left out): {'; '.join(odd[:3])}")
         frame = self.frame(run_id)
         if isinstance(meta, str):
             warnings.append(f"{reader.RUN_JSON} is missing" if "no such file" in meta else meta)

@@ -5,6 +5,7 @@ their shape and order, for `RunStore.read_hang_reports` (which reads their files
 from __future__ import annotations
 
 import calendar
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -24,14 +25,25 @@ class StoredHangReport:
             `%Y%m%dT%H%M%SZ`, `-2`… suffix allowed), else verdict.json's mtime.
         report: verdict.json (`HangReport.to_dict`: verdict{kind, pattern, hung, title, evidence,
             rows, next_steps}, hung, progress, ranks, missing_ranks, notes, elapsed_s, ...);
-            {} when it does not parse.
+            {} when it is unreadable.
         dumps: rank → the text of rank<r>.txt (py-spy's stacks of every sample), by rank.
+        error: why verdict.json is unreadable (`read_verdict`), naming the file; None when it holds a report.
     """
 
     folder: str
     taken: float
     report: dict[str, Any]
     dumps: dict[int, str]
+    error: str | None = None
+
+    @classmethod
+    def of(
+        cls, folder: str, taken: float, verdict: dict[str, Any] | str, dumps: dict[int, str]
+    ) -> StoredHangReport:
+        """A report from `read_verdict`'s answer: the report object, or why verdict.json is unreadable."""
+        if isinstance(verdict, str):
+            return cls(folder, taken, {}, dumps, error=verdict)
+        return cls(folder, taken, verdict, dumps)
 
 
 HANG_VERDICT = "verdict.json"
@@ -55,3 +67,20 @@ def read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         return f"(cannot read {path.name}: {e.strerror or e})"
+
+
+def read_verdict(path: Path) -> dict[str, Any] | str:
+    """A hang report's verdict.json (`HangReport.to_dict`), or why it is unreadable: the file cannot be
+    read, is not JSON, or is not an object with a boolean "hung" and a "verdict" object (a report
+    without them is no verdict, hung or not). The message names the file."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}"
+    except ValueError as e:
+        return f"{path} is not JSON ({e})"
+    if not isinstance(obj, dict):
+        return f"{path} holds a JSON {type(obj).__name__}, not a hang report object"
+    if not isinstance(obj.get("hung"), bool) or not isinstance(obj.get("verdict"), dict):
+        return f'{path} holds no hang verdict (no boolean "hung" and "verdict" object)'
+    return obj

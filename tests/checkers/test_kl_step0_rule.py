@@ -39,18 +39,29 @@ def _ui(run_dir: Path, gap_range: tuple[float, float] | None = None) -> list[hea
     """The Health page's step-0 table, computed as the page does (through the RunStore)."""
     store = RunStore([run_dir])
     (info,) = store.list_runs()
-    return health.step0_checks(step0.first_step(store.records(info.run_id)), gap_range=gap_range)
+    first = step0.first_step(store.records(info.run_id))
+    odd = {} if first is None else store.non_numeric(info.run_id).get(first.line_no, {})
+    return health.step0_checks(first, gap_range=gap_range, non_numeric=odd)
 
 
-def _doctor(short_run: Path, dest: Path, **first_step: float) -> Path:
-    """A copy whose first step record holds `first_step` (keys with __ for /); a `step` key renumbers it."""
+_DELETE = object()
+"""A `_doctor` value: remove the key from the first step record."""
+
+
+def _doctor(short_run: Path, dest: Path, **first_step: object) -> Path:
+    """A copy whose first step record holds `first_step` (keys with __ for /; the value _DELETE removes
+    the key); a `step` key renumbers it."""
     run = Path(shutil.copytree(short_run, dest))
     path = run / reader.METRICS_FILE
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     first = next(r for r in rows if r["kind"] == "step")
     if "step" in first_step:
-        first["step"] = int(first_step.pop("step"))
-    first["metrics"].update({k.replace("__", "/"): v for k, v in first_step.items()})
+        first["step"] = int(first_step.pop("step"))  # type: ignore[call-overload]
+    for key, value in first_step.items():
+        if value is _DELETE:
+            del first["metrics"][key.replace("__", "/")]
+        else:
+            first["metrics"][key.replace("__", "/")] = value
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run
 
@@ -80,6 +91,39 @@ def test_a_broken_first_step_fails_everywhere(
     assert "red" in statuses.values()
     bad_key = next(k for k in doctored if k != "step").replace("__", "/")
     assert statuses[bad_key] == "red"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "evidence"),
+    [
+        ("train__ppo_kl", None, "not a number: null in"),
+        ("train__ppo_kl", "abc", 'not a number: "abc" in'),
+        ("train__pg_clipfrac", {"a": 1}, 'not a number: {"a": 1} in'),
+        ("train__ppo_kl", _DELETE, "missing from"),
+    ],
+)
+def test_a_first_step_without_the_number_fails_in_the_gate_and_the_ui(
+    short_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    key: str,
+    value: object,
+    evidence: str,
+) -> None:
+    """A step-0 key that is missing from the first step record, or not a number there: the gate fails it
+    ("key not found") and the Health page shows it red, saying which. (The in-run checker judges the
+    trainer's own numbers, never the file, so it has no such case.)"""
+    run = _doctor(short_run, tmp_path / "odd", **{key: value})
+    assert not _gate(run)
+    assert f"FAIL step0-kl {key.replace('__', '/')}: key not found" in capsys.readouterr().out
+    row = next(s for s in _ui(run) if s.key == key.replace("__", "/"))
+    first = step0.first_step(reader.read_metrics(run))
+    assert first is not None
+    assert row.status == "red"
+    assert row.evidence == f"{evidence} the first step record (step 0, line {first.line_no})"
+    (info,) = RunStore([run]).list_runs()
+    dropped = [w for w in info.warnings if "not a number" in w]
+    assert bool(dropped) == (value is not _DELETE)
 
 
 def test_gap_range_rule_is_the_gates_in_the_ui(

@@ -109,12 +109,13 @@ def test_metrics_file_skips_a_half_written_last_line_and_reports_bad_lines(tmp_p
     got = reader.read_metrics_file(path)
     assert got.partial_last_line and got.bad_lines == []
     (rec,) = got.records
-    assert rec.metrics == {"a": 1.0} and rec.line_no == 1  # a non-numeric value is dropped
+    assert rec.metrics == {"a": 1.0} and rec.line_no == 1  # a non-numeric value is dropped...
+    assert got.non_numeric == {1: {"s": '"x"'}}  # ...and named, with its line
     path.write_text(
         '{"kind": \n[1]\n{"kind": "step", "metrics": 3}\n{"kind": "x", "metrics": {}, "step": "a"}\n'
     )
     got = reader.read_metrics_file(path)
-    assert got.records == [] and not got.partial_last_line
+    assert got.records == [] and not got.partial_last_line and got.non_numeric == {}
     assert [n for n, _ in got.bad_lines] == [1, 2, 3, 4]
     assert "'metrics' must be an object" in got.bad_lines[2][1] and "index 'a'" in got.bad_lines[3][1]
     assert reader.read_metrics(tmp_path / "missing") == []

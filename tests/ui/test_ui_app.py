@@ -219,6 +219,46 @@ def test_diagnose_page_shows_hang_reports_and_log_findings(
     assert any("4 lines scanned" in c for c in _texts(at, "caption"))
 
 
+@pytest.mark.parametrize("text", ["{garbage", "[1,2]"])
+def test_diagnose_page_shows_an_unreadable_verdict_as_unreadable(
+    hang_run: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    verdict = hang_run / "diagnose" / "20261129T100000Z" / "verdict.json"
+    verdict.write_text(text)
+    at = _app(monkeypatch, hang_run.parent, selected=["hung"])
+    at.switch_page("app_pages/diagnose.py").run()
+    assert not at.exception
+    assert [_plain(t) for t in _texts(at, "subheader")][
+        1
+    ] == "diagnose/20261129T100000Z: unreadable hang report"
+    warnings = [_plain(w) for w in _texts(at, "warning")]
+    assert any(w.startswith(f"No verdict: {verdict} ") for w in warnings)
+    assert not any("Not hung" in s for s in _texts(at, "success"))  # no verdict shown for it
+    assert sum(e.startswith("**Hung**") for e in _texts(at, "error")) == 1  # the readable report
+
+
+def test_health_page_on_a_first_step_whose_ppo_kl_is_not_a_number(
+    ui_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = Path(shutil.copytree(ui_root / "a", tmp_path / "a"))
+    path = run / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    n, first = next((i, r) for i, r in enumerate(rows, 1) if r["kind"] == "step")
+    first["metrics"]["train/ppo_kl"] = None
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    at = _app(monkeypatch, tmp_path, selected=["a"])
+    at.switch_page("app_pages/health.py").run()
+    assert not at.exception
+    step0 = at.dataframe[1].value.set_index("signal")
+    assert step0.loc["step 0 train/ppo_kl", "status"].endswith("red")
+    evidence = step0.loc["step 0 train/ppo_kl", "evidence"]
+    assert evidence == f"not a number: null in the first step record (step 0, line {n})"
+    assert f"The first step record (line {n}) holds values that are not numbers: train/ppo_kl = null" in (
+        _texts(at, "warning")
+    )
+    assert "1 red, 0 watch, 1 ok, 1 n/a" in _texts(at, "markdown")
+
+
 def test_diagnose_page_on_a_clean_run_and_a_miles_log(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(monkeypatch, ui_root, selected=["a"])
     at.switch_page("app_pages/diagnose.py").run()

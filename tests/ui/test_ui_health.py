@@ -153,9 +153,20 @@ def test_step0_checks() -> None:
     checks = {c.name: c for c in health.step0_checks(bad, gap_range=(0.0148, 0.0157))}
     assert [c.status for c in checks.values()] == ["red"] * 4  # 0.05 > 3 × 0.0157; kl_loss logged: checked
     assert checks["step 0 train/ppo_kl"].evidence == "2e-09 (step 7)"
+    # a key missing from the first step record fails the gate ("key not found"): red here too
     mid = _step(0, train__train_rollout_logprob_abs_diff=0.02)
-    assert [c.status for c in health.step0_checks(mid, gap_range=(0.0148, 0.0157))] == ["n/a", "n/a", "watch"]
+    assert [c.status for c in health.step0_checks(mid, gap_range=(0.0148, 0.0157))] == ["red", "red", "watch"]
+    assert health.step0_checks(mid)[0].evidence == "missing from the first step record (step 0, line 0)"
     assert health.step0_checks(mid)[2].status == "n/a"
+    no_gap = health.step0_checks(_step(3, train__ppo_kl=0.0), gap_range=(0.0148, 0.0157))
+    assert (no_gap[2].status, no_gap[2].evidence) == (
+        "red",
+        "missing from the first step record (step 3, line 0)",
+    )
+    # not a number in the file (the reader leaves it out of the record): red, and said so
+    odd = health.step0_checks(_step(0, train__pg_clipfrac=0.0), non_numeric={"train/ppo_kl": "null"})
+    assert [c.status for c in odd] == ["red", "ok", "n/a"]
+    assert odd[0].evidence == "not a number: null in the first step record (step 0, line 0)"
     assert [c.status for c in health.step0_checks(None)] == ["n/a"] * 3
     baseline = [_step(0, train__train_rollout_logprob_abs_diff=v) for v in (0.0148, 0.0157, 0.0150)]
     assert health.baseline_gap_range([*baseline, None], margin=0) == (0.0148, 0.0157)

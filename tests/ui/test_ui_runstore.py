@@ -129,6 +129,21 @@ def test_half_written_last_line_is_skipped(tmp_path: Path) -> None:
     assert store.list_runs()[0].warnings == ()
 
 
+def test_metric_values_that_are_not_numbers_are_named(tmp_path: Path) -> None:
+    run = _run(tmp_path / "r", steps=2)
+    path = run / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["metrics"].update({"train/ppo_kl": None, "train/x": "abc"})  # line 2: the first step
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = RunStore([tmp_path])
+    (info,) = store.list_runs()
+    assert info.warnings == (
+        'metrics.jsonl: 2 value(s) not a number (left out): line 2: train/ppo_kl = null; line 2: train/x = "abc"',
+    )
+    assert store.non_numeric("r") == {2: {"train/ppo_kl": "null", "train/x": '"abc"'}}
+    assert store.records("r")[1].metrics == {"train/loss": 0.0}
+
+
 def test_read_scalars_is_cached_until_the_file_changes(tmp_path: Path) -> None:
     run = _run(tmp_path / "r")
     store = RunStore([tmp_path])
@@ -214,6 +229,24 @@ def test_hang_reports_newest_first_without_their_parsed_stacks(hang_run: Path) -
     assert list(hangs[0].dumps) == [0, 1, 2] and "save_checkpoint" in hangs[0].dumps[1]
     assert store.read_diagnose("hung") == [("diagnose/extra/summary.json", {"tool": "custom", "ok": True})]
     assert store.read_hang_reports("hung")[0].report is hangs[0].report  # cached
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{garbage", "is not JSON (Expecting property name"),
+        ("[1,2]", "holds a JSON list, not a hang report object"),
+        ('{"hung": "no", "verdict": {}}', 'holds no hang verdict (no boolean "hung"'),
+    ],
+)
+def test_an_unreadable_verdict_is_no_verdict(hang_run: Path, text: str, why: str) -> None:
+    verdict = hang_run / "diagnose" / "20261129T100000Z" / "verdict.json"
+    verdict.write_text(text)
+    newest, unreadable = RunStore([hang_run.parent]).read_hang_reports("hung")
+    assert newest.error is None and newest.report["hung"] is True
+    assert unreadable.report == {} and unreadable.error is not None
+    assert unreadable.error.startswith(f"{verdict} {why}")
+    assert list(unreadable.dumps) == [0, 1, 2]  # the dumps are still there to read
 
 
 def test_log_findings_are_cached_until_the_log_changes(hang_run: Path, tmp_path: Path) -> None:

@@ -24,11 +24,24 @@ def _is_table(value: object) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
 
 
+def _show_dumps(hang: StoredHangReport) -> None:
+    for rank, text in hang.dumps.items():
+        with st.expander(f"rank {rank}: py-spy dump (rank{rank}.txt)"):
+            st.code(text, language=None)
+
+
 def show_hang_report(hang: StoredHangReport) -> None:
-    """Verdict, evidence, ranks, next steps, notes and the py-spy dumps of one report."""
-    report, verdict = hang.report, hang.report.get("verdict") or {}
-    st.subheader(_md(verdict.get("title") or f"{hang.folder}/verdict.json holds no verdict"))
-    hung = bool(report.get("hung"))
+    """Verdict, evidence, ranks, next steps, notes and the py-spy dumps of one report; an unreadable
+    verdict.json shows as unreadable (a warning naming the file), with no verdict."""
+    if hang.error is not None:
+        st.subheader(_md(f"{hang.folder}: unreadable hang report"))
+        st.warning(f"No verdict: {_md(hang.error)}")
+        st.caption(f"Taken {state.fmt_time(hang.taken)} UTC · {hang.folder}/")
+        _show_dumps(hang)
+        return
+    report, verdict = hang.report, hang.report["verdict"]
+    st.subheader(_md(verdict.get("title") or f"{hang.folder}/verdict.json: a verdict without a title"))
+    hung = report["hung"]
     kind = str(verdict.get("kind", "unknown")).replace("_", " ") if hung else None
     pattern = f"AReaL pattern {verdict['pattern']}" if verdict.get("pattern") else kind
     reason = _md((report.get("progress") or {}).get("reason", ""))
@@ -64,9 +77,7 @@ def show_hang_report(hang: StoredHangReport) -> None:
     notes = [*(report.get("notes") or []), *missing, (report.get("progress") or {}).get("note")]
     if any(notes):
         st.markdown("**Notes**\n\n" + "\n".join(f"- {_md(n)}" for n in notes if n))
-    for rank, text in hang.dumps.items():
-        with st.expander(f"rank {rank}: py-spy dump (rank{rank}.txt)"):
-            st.code(text, language=None)
+    _show_dumps(hang)
 
 
 def show_other_report(rel: str, report: dict) -> None:

@@ -38,6 +38,12 @@ def _settings(config: dict) -> tuple[float | None, int | None]:
     return clip, None if groups is None else int(groups)
 
 
+def _counts(signals: list[health.Signal]) -> str:
+    """The statuses counted, e.g. "1 red, 0 watch, 5 ok, 2 n/a"."""
+    counts = pd.Series([s.status for s in signals]).value_counts()
+    return ", ".join(f"{counts.get(k, 0)} {k}" for k in ("red", "watch", "ok", "n/a"))
+
+
 def _table(signals: list[health.Signal]) -> Styler:
     """The signals as a table whose status cells are coloured."""
     table = pd.DataFrame(
@@ -66,9 +72,8 @@ if run is not None:
     if frame.empty:
         st.warning(f"{run} has no metric lines yet.")
     signals = health.health_signals(frame, clip_grad=clip, groups_per_rollout=groups)
-    counts = pd.Series([s.status for s in signals]).value_counts()
     st.subheader("Eight signals")
-    st.write(", ".join(f"{counts.get(k, 0)} {k}" for k in ("red", "watch", "ok", "n/a")))
+    st.write(_counts(signals))
     st.dataframe(_table(signals), hide_index=True, width="stretch", key="health_signals")
     st.caption(
         f"clip_grad = {clip if clip is not None else '1.0 (Miles default; not in the run config)'}; "
@@ -93,7 +98,15 @@ if run is not None:
     if baseline and gap_range is None:
         st.warning("None of the baseline runs logged a step-0 gap.")
     first = step0.first_step(store.records(run))
-    st.dataframe(_table(health.step0_checks(first, gap_range=gap_range)), hide_index=True, width="stretch")
+    odd = {} if first is None else store.non_numeric(run).get(first.line_no, {})
+    if first is not None and odd:
+        st.warning(
+            f"The first step record (line {first.line_no}) holds values that are not numbers: "
+            + ", ".join(f"{k} = {v}" for k, v in odd.items())
+        )
+    checks = health.step0_checks(first, gap_range=gap_range, non_numeric=odd)
+    st.write(_counts(checks))
+    st.dataframe(_table(checks), hide_index=True, width="stretch")
 
     present = [k for k in PLOTTED if k in frame.columns and frame[k].notna().any()]
     if present:
