@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_ui_parser(sub)
     add_hash_parser(sub)
-    from grpolab.checkers.gate import add_gate_parser
+    from grpolab.checkers.gate_command import add_gate_parser
 
     add_gate_parser(sub)
     from grpolab.diagnose.cli import add_diagnose_parsers
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "hash":
         return run_hash_command(args)
     if args.command == "gate":
-        from grpolab.checkers.gate import run_gate_command
+        from grpolab.checkers.gate_command import run_gate_command
 
         return run_gate_command(args)
     if args.command == "replay":

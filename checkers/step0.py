@@ -1,5 +1,6 @@
 """The step-0 rule and the gap-range rule, once: used by the in-run KL checker (`checkers/kl.py`),
-`grpolab gate` (`checkers/gate.py`) and the UI's Health page (`ui/health.py`).
+`grpolab gate` (`checkers/gate.py`, its command in `checkers/gate_command.py`) and the UI's Health
+page (`ui/health.py`).
 
 "Step 0" means the first optimizer step of the run: the first `step` record of its metrics in file
 order (for a run resumed with --load into a new run directory, its first step after the resume;
