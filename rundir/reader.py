@@ -47,8 +47,6 @@ METRICS_FILE = "metrics.jsonl"
 CONSOLE_LOG = "console.log"
 RUN_MARKERS = (RUN_JSON, METRICS_FILE, EVENTS_FILE, RANKS_DIR)
 """A folder holding any of these is a run directory (a run that crashed before run.json counts)."""
-METRIC_KINDS = ("rollout", "step", "perf", "eval")
-"""The kinds the writer logs (`RunDirectory.log_metrics`)."""
 
 
 class RunDirError(ValueError):
@@ -359,7 +357,6 @@ __all__ = [
     "CONSOLE_LOG",
     "EVENTS_FILE",
     "METRICS_FILE",
-    "METRIC_KINDS",
     "RANKS_DIR",
     "RUN_JSON",
     "RUN_MARKERS",

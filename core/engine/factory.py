@@ -15,8 +15,6 @@ from collections.abc import Callable
 from grpolab.core.config import Config
 from grpolab.core.engine.base import RolloutEngine
 from grpolab.core.engine.client import EngineClient
-from grpolab.core.engine.torch_engine import TorchEngine
-from grpolab.core.modeling import parse_dtype
 from grpolab.core.registry import Registry
 
 EngineBuilder = Callable[[Config], RolloutEngine]
@@ -33,6 +31,9 @@ def torch_engine(config: Config) -> RolloutEngine:
         ValueError: an unknown `--rollout-dtype`, or a checkpoint that is not a model.
         FileNotFoundError: `--hf-checkpoint` does not exist.
     """
+    from grpolab.core.dtypes import parse_dtype  # the engine's imports (transformers) only when one is built
+    from grpolab.core.engine.torch_engine import TorchEngine
+
     model = config.model
     return TorchEngine(
         model.hf_checkpoint,
