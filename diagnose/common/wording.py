@@ -1,6 +1,9 @@
-"""Counted nouns in the diagnose commands' messages: `1 line`, `2 lines`, `1,024 errors`."""
+"""Words in the diagnose commands' messages: counted nouns (`1 line`, `2 lines`, `1,024 errors`) and
+paths as the user should read them (`runs/x/console.log`, never `runs/x//console.log`)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:
@@ -14,4 +17,11 @@ def plural(count: int, noun: str, many: str | None = None) -> str:
     return f"{count:,} {noun if count == 1 else (many or noun + 's')}"
 
 
-__all__ = ["plural"]
+def display_path(path: str | Path) -> str:
+    """A path argument as messages show it: repeated and trailing slashes dropped (`runs/x//` →
+    `runs/x`), `.` and `..` kept, relative stays relative; so `runs/x/` names its console.log
+    `runs/x/console.log`. An empty argument shows as `.`, the directory it means."""
+    return str(Path(path))
+
+
+__all__ = ["display_path", "plural"]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from grpolab.diagnose.common.dead_engine import DEFAULT_CHECKS
 from grpolab.diagnose.common.flags import add_rule_flags, rule_from_args
+from grpolab.diagnose.common.wording import display_path
 from grpolab.diagnose.logdoctor.model import (
     DEFAULT_MAX_STEP0_GAP,
     DEFAULT_MIN_KV_TOKENS,
@@ -112,7 +113,7 @@ def run_log_command(args: argparse.Namespace) -> int:
         print(f"grpolab diagnose log: {e}", file=sys.stderr)
         return EXIT_UNREADABLE
     scans: list[FileScan] = []
-    for file in args.files:
+    for file in map(display_path, args.files):
         try:
             path = log_path(file)
             run = None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.diagnose.common.wording import plural
+from grpolab.diagnose.common.wording import display_path, plural
 from grpolab.diagnose.logdoctor import main
 from grpolab.diagnose.logdoctor.scan import scan_file
 from grpolab.diagnose.logdoctor.sniff import NotATextLog, not_text_reason
@@ -94,6 +94,23 @@ def test_a_run_directory_stands_for_its_console_log(tmp_path: Path, capsys) -> N
         in captured.err
     )
     assert "ERROR   ray_oom:" in captured.out
+
+
+def test_paths_in_messages_are_normalised(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`diagnose log runs/x/` names `runs/x/console.log` (it printed `runs/x//console.log`); a file given
+    as `logs//a.log` and a missing `gone/` are named without the doubled or trailing slash."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+    (tmp_path / "runs" / "x" / "console.log").write_bytes(LOG.read_bytes())
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "a.log").write_bytes(LOG.read_bytes())
+    assert main(["runs/x/", "runs//x", "logs//a.log", "gone/"]) == 2
+    captured = capsys.readouterr()
+    assert "//" not in captured.out + captured.err
+    assert captured.out.count("runs/x/console.log (") == 2 and "runs/x/console.log:" in captured.out
+    assert "logs/a.log (" in captured.out and "logs/a.log:" in captured.out
+    assert "cannot read gone: No such file or directory" in captured.err
+    assert display_path("runs/x//") == "runs/x" and display_path("../a/./b") == "../a/b"
 
 
 def test_interval_and_window_are_whole_seconds(tmp_path: Path, capsys) -> None:
