@@ -17,6 +17,8 @@ import transformers
 
 from grpolab.checkers.errors import CheckFailure
 from grpolab.checkers.harness import CheckHarness
+from grpolab.core.algorithms import token_log_probs
+from grpolab.core.batch import Sample, collate
 from grpolab.core.config import Config
 from grpolab.core.engine.base import (
     ChecksWeights,
@@ -28,6 +30,7 @@ from grpolab.core.engine.base import (
 )
 from grpolab.core.engine.client import EngineClient
 from grpolab.core.engine.factory import ENGINES, build_engine
+from grpolab.core.engine.sampling import filtered_log_probs, kept_ids, top_p_kept_count
 from grpolab.core.engine.torch_engine import TorchEngine
 from grpolab.core.modeling import load_causal_lm
 from grpolab.rundir.writer import RunDirectory
@@ -186,9 +189,96 @@ def test_top_k_and_top_p_keep_the_intersection(engine: TorchEngine, ref_model: t
         probs = torch.softmax(_full_forward_logits(ref_model, req.prompt_ids, res.response_ids), dim=-1)
         for t, kept in enumerate(res.kept_token_ids):
             sorted_p = probs[t].sort(descending=True).values
-            n_top_p = int(((sorted_p.cumsum(0) - sorted_p) < 0.8).sum())
+            n_top_p = int(top_p_kept_count(sorted_p[None], 0.8))
             assert kept.numel() == min(3, n_top_p)
             assert set(kept.tolist()) == set(probs[t].topk(kept.numel()).indices.tolist())
+
+
+def _kept(logits: list[float], **params: float) -> list[int]:
+    """The engine's kept ids for one next-token row of `logits` (float32)."""
+    logp_AV, n_A, order_AV = filtered_log_probs(torch.tensor([logits]), SamplingParams(**params))
+    assert n_A is not None and order_AV is not None
+    n, ids = kept_ids(n_A, order_AV, len(logits))
+    kept = ids[0, : int(n[0])].tolist()
+    assert torch.isfinite(logp_AV[0]).nonzero().flatten().tolist() == kept  # -inf exactly outside the set
+    return kept
+
+
+def test_top_p_exact_boundary_is_reached() -> None:
+    """[0.5, 0.3, 0.1, 0.1] with top_p 0.8: 0.5 + 0.3 is 0.8 in float32, so exactly {0, 1} are kept."""
+    probs = torch.tensor([0.5, 0.3, 0.1, 0.1])
+    logits = probs.log()
+    assert torch.softmax(logits, -1)[:2].sum() == torch.tensor(0.8)  # the boundary is exact in float32
+    p = torch.softmax(logits, -1)
+    assert int(((p.cumsum(0) - p) < 0.8).sum()) == 3  # the old `cumsum - p` rounded under 0.8: 3 kept
+    assert _kept(logits.tolist(), top_p=0.8) == [0, 1]
+    assert _kept(logits[[3, 1, 2, 0]].tolist(), top_p=0.8) == [1, 3]  # same set wherever the ids sit
+    logp_AV, _, _ = filtered_log_probs(logits[None], SamplingParams(top_p=0.8))
+    torch.testing.assert_close(logp_AV[0, :2], torch.tensor([0.5 / 0.8, 0.3 / 0.8]).log(), atol=0, rtol=1e-6)
+    assert _kept(logits.tolist(), top_p=0.81) == [0, 1, 2]  # past the boundary: the third token is needed
+    assert _kept(logits.tolist(), top_p=0.5) == [0]  # the top token alone reaches 0.5 exactly
+    assert _kept(logits.tolist(), top_p=0.9) == [0, 1, 2]  # 0.5 + 0.3 + 0.1 reaches 0.9 in float32
+
+
+def test_top_p_boundaries_on_exact_quarters() -> None:
+    """Four tied tokens of 0.25 (exact in binary): a prefix sum equal to top_p ends the kept set; ties
+    are ordered by ascending id (stable sort), so the lowest ids are kept."""
+    quarters = [0.0, 0.0, 0.0, 0.0]
+    assert _kept(quarters, top_p=0.25) == [0]
+    assert _kept(quarters, top_p=0.5) == [0, 1]
+    assert _kept(quarters, top_p=0.75) == [0, 1, 2]
+    assert _kept(quarters, top_p=0.5001) == [0, 1, 2]
+    assert _kept(quarters, top_p=1.0, top_k=4) == [0, 1, 2, 3]
+    counts = top_p_kept_count(torch.full((1, 4), 0.25), 0.4999)
+    assert counts.tolist() == [2]
+
+
+def test_top_k_ties_keep_exactly_k_lowest_ids() -> None:
+    """Tokens tied at the k-th value: exactly k are kept, the lower ids first (SGLang keeps k; transformers'
+    TopKLogitsWarper would keep all three tied tokens here)."""
+    logits = [1.0, 3.0, 2.0, 2.0, 2.0, 0.5]
+    assert _kept(logits, top_k=2) == [1, 2]
+    assert _kept(logits, top_k=3) == [1, 2, 3]
+    assert _kept(logits, top_k=4) == [1, 2, 3, 4]
+    assert _kept([0.0] * 6, top_k=3) == [0, 1, 2]
+    assert _kept(logits, top_k=3, top_p=0.5) == [1, 2]  # intersection with top-p, still the lower tied id
+
+
+def test_trainer_scores_over_the_engines_boundary_set() -> None:
+    """The trainer does not re-derive the kept set: collate's keep mask from the engine's kept ids gives
+    the same log-prob as the engine at the exact top-p boundary (log 0.3/0.8, not log 0.3/0.9)."""
+    V4 = 4
+    logits = torch.tensor([0.5, 0.3, 0.1, 0.1]).log()
+    params = SamplingParams(top_p=0.8)
+    logp_AV, n_A, order_AV = filtered_log_probs(logits[None], params)
+    assert n_A is not None and order_AV is not None
+    n, ids = kept_ids(n_A, order_AV, V4)
+    kept = ids[0, : int(n[0])]
+    sample = Sample(
+        index=0,
+        prompt_index=0,
+        group_index=0,
+        sample_index=0,
+        seed=0,
+        prompt_ids=[2],
+        response_ids=[1],
+        rollout_log_probs=logp_AV[0, 1:2],
+        loss_mask=torch.ones(1),
+        finish_reason="length",
+        kept_token_ids=[kept],
+    )
+    batch = collate([sample], pad_id=3, vocab_size=V4)
+    trainer = token_log_probs(
+        logits.expand(1, 2, V4), batch.input_ids_BL, temperature=1.0, keep_mask_BLV=batch.keep_mask_BLV
+    )
+    assert batch.keep_mask_BLV is not None and batch.keep_mask_BLV[0, 1].tolist() == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert trainer[0, 1].item() == pytest.approx(float(torch.tensor(0.3 / 0.8).log()), abs=1e-6)
+    assert trainer[0, 1].item() == pytest.approx(logp_AV[0, 1].item(), abs=1e-6)
 
 
 def test_finish_reasons(engine: TorchEngine) -> None:
