@@ -8,7 +8,9 @@ What is really computed:
    by normalized string, or numerically (exact fractions) when both sides parse as numbers.
 3. Custom functions, imported once at startup from `pkg.mod.fn`: sync or async,
    `fn(sample) -> float | dict` or, with `--group-rm`, `fn(samples) -> list[float | dict]`.
-   Async calls run concurrently; dict rewards are reduced with `--reward-key`.
+   Async calls run concurrently; dict rewards are reduced with `--reward-key`. Each call runs under
+   `--reward-timeout` (reward_calls.py), and a call that raises, times out or returns NaN/inf or a
+   non-number fails the run with a `RewardError` naming the function, the sample and the user's line.
 
 Sample dicts carry `prompt`, `response`, `label`, `index`, `group_index`, `metadata`.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
+import math
 import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
@@ -25,6 +27,7 @@ from fractions import Fraction
 from typing import Any
 
 from grpolab.core.registry import Registry
+from grpolab.core.reward_calls import CustomReward, RewardCaller, RewardError, function_name
 
 RewardFn = Callable[[str, str], float]
 """A built-in reward: `(response, label) -> float`."""
@@ -200,8 +203,12 @@ def get_reward_fn(rm_type: str) -> RewardFn:
     return REWARD_FNS.get(rm_type)
 
 
-def load_custom_reward(path: str) -> Callable[..., Any]:
-    """Import `pkg.mod.fn` (`--custom-rm-path`) and return the callable.
+def load_custom_reward(path: str, timeout: float | None = None) -> CustomReward:
+    """Import `pkg.mod.fn` (`--custom-rm-path`); return it with the timeout its calls run under.
+
+    Args:
+        path: `pkg.mod.fn`, importable from sys.path (PYTHONPATH).
+        timeout: `--reward-timeout` in seconds, or None to wait forever.
 
     Raises:
         ValueError: naming the path, the module and the underlying error, when the path has no
@@ -223,7 +230,7 @@ def load_custom_reward(path: str) -> Callable[..., Any]:
         raise ValueError(
             f"--custom-rm-path {path!r}: {module_name}.{attribute} is not callable ({type(fn).__name__})"
         )
-    return fn
+    return CustomReward(fn, timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,49 +257,75 @@ def reward_value(value: Any, reward_key: str | None, *, where: str) -> float:
         ValueError: `{where} is a dict (keys [...]); set --reward-key ...` without a key,
             `{where} has no --reward-key 'k'; keys present: [...]`, or `{where} is not a number: ...`.
     """
-    if isinstance(value, dict):
-        keys = sorted(map(str, value))
-        if reward_key is None:
-            raise ValueError(f"{where} is a dict (keys {keys}); set --reward-key to pick one")
-        if reward_key not in value:
-            raise ValueError(f"{where} has no --reward-key {reward_key!r}; keys present: {keys}")
-        value = value[reward_key]
+    number = _as_float(_pick_key(value, reward_key, where=where))
+    if number is None:
+        raise ValueError(f"{where} is not a number: {_shorten(repr(value))}")
+    return number
+
+
+def _pick_key(value: Any, reward_key: str | None, *, where: str) -> Any:
+    """A dict reward's `reward_key` entry; any other value as is. ValueError: see `reward_value`."""
+    if not isinstance(value, dict):
+        return value
+    keys = sorted(map(str, value))
+    if reward_key is None:
+        raise ValueError(f"{where} is a dict (keys {keys}); set --reward-key to pick one")
+    if reward_key not in value:
+        raise ValueError(f"{where} has no --reward-key {reward_key!r}; keys present: {keys}")
+    return value[reward_key]
+
+
+def _as_float(value: Any) -> float | None:
     try:
         return float(value)
-    except (TypeError, ValueError, RuntimeError) as error:  # RuntimeError: a multi-element tensor
-        raise ValueError(f"{where} is not a number: {_shorten(repr(value))}") from error
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a multi-element tensor
+        return None
 
 
-async def _call(fn: Callable[..., Any], argument: Any) -> Any:
-    result = fn(argument)
-    return await result if inspect.isawaitable(result) else result
+def _index(sample: dict, position: int) -> int:
+    index = sample.get("index")
+    return index if isinstance(index, int) else position
 
 
-async def _score_one(fn: Callable[..., Any], sample: dict, index: int) -> Any:
-    try:
-        return await _call(fn, sample)
-    except Exception as error:
-        raise RuntimeError(
-            f"reward function {getattr(fn, '__qualname__', fn)!r} failed on sample index {index} "
-            f"({type(error).__name__}: {error}); response: {_shorten(sample.get('response'))!r}"
-        ) from error
+async def _score_one(caller: RewardCaller, sample: dict, position: int) -> Any:
+    index = _index(sample, position)
+    return await caller.call(
+        sample, what=f"sample index {index}", context=f"response: {_shorten(sample.get('response'))!r}"
+    )
 
 
-async def _score_group(fn: Callable[..., Any], group: list[dict], first_index: int) -> list[Any]:
-    try:
-        rewards = await _call(fn, group)
-    except Exception as error:
-        raise RuntimeError(
-            f"group reward function {getattr(fn, '__qualname__', fn)!r} failed on sample indices "
-            f"{first_index}..{first_index + len(group) - 1} ({type(error).__name__}: {error}); first "
-            f"response: {_shorten(group[0].get('response'))!r}"
-        ) from error
+async def _score_group(caller: RewardCaller, group: list[dict], start: int) -> list[Any]:
+    span = f"sample indices {_index(group[0], start)}..{_index(group[-1], start + len(group) - 1)}"
+    context = f"first response: {_shorten(group[0].get('response'))!r}"
+    rewards = await caller.call(group, what=span, context=context)
     if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
-        raise ValueError(
-            f"group reward function must return a list of {len(group)} rewards for sample indices "
-            f"{first_index}..{first_index + len(group) - 1}, got {rewards!r:.200}"
+        raise RewardError(
+            f"group reward function {caller.name} must return a list of {len(group)} rewards for {span}, "
+            f"got {_shorten(repr(rewards))}"
         )
     return list(rewards)
+
+
+def _checked_reward(value: Any, reward_key: str | None, *, name: str, index: int) -> float:
+    """A user's raw reward as a finite float (dict reduced by `reward_key`).
+
+    Raises:
+        ValueError: a dict reward and `--reward-key` do not fit (`reward_value`; a flag to set).
+        RewardError: the function returned a non-number, NaN or ±inf.
+    """
+    picked = _pick_key(value, reward_key, where=f"reward of {name} for sample index {index}")
+    number = _as_float(picked)
+    if number is None:
+        raise RewardError(
+            f"reward function {name} returned a non-number for sample index {index}: "
+            f"{_shorten(repr(picked))} ({type(picked).__name__})"
+        )
+    if not math.isfinite(number):
+        raise RewardError(
+            f"reward function {name} returned {number} for sample index {index}; "
+            "a reward must be a finite number"
+        )
+    return number
 
 
 def _builtin_sample_fn(rm_type: str) -> Callable[[dict], float]:
@@ -302,6 +335,7 @@ def _builtin_sample_fn(rm_type: str) -> Callable[[dict], float]:
         return reward_fn(sample["response"], "" if sample.get("label") is None else sample["label"])
 
     score.__qualname__ = reward_fn.__qualname__
+    score.__module__ = reward_fn.__module__
     return score
 
 
@@ -316,22 +350,25 @@ def score_samples(
 ) -> list[float]:
     """Score every sample; async reward functions run concurrently (asyncio.gather under asyncio.run).
 
-    `custom_fn` (from `load_custom_reward`) takes precedence over `rm_type`. With `group_rm`,
-    samples are split into contiguous groups of `group_size` and `custom_fn(group)` returns one
-    reward per sample (a built-in rm_type still scores per sample). Dict rewards are reduced with
-    `reward_key` (`reward_value`). Sync functions run inline on the event loop. "Sample index" in
-    messages is the position in `samples`. Call it from synchronous code: it starts its own event
-    loop, so it cannot run inside a running one.
+    `custom_fn` (from `load_custom_reward`, a `CustomReward` with its `--reward-timeout`; a plain
+    callable has no timeout) takes precedence over `rm_type`. With `group_rm`, samples are split into
+    contiguous groups of `group_size` and `custom_fn(group)` returns one reward per sample (a built-in
+    rm_type still scores per sample). Dict rewards are reduced with `reward_key`. How calls run (event
+    loop, worker thread) is `reward_calls.RewardCaller`. "Sample index" in messages is the sample's
+    `index` field (its position in the rollout), else its position in `samples`. Call it from
+    synchronous code: it starts its own event loop, so it cannot run inside a running one.
 
     Returns:
         one float reward per sample, in order.
 
     Raises:
         ValueError: neither rm_type nor custom_fn, len(samples) not a multiple of group_size with
-            group_rm, a dict reward without `reward_key` (message names the key and the keys
-            present), a non-numeric reward.
-        RuntimeError: a reward function raised; names the sample index and the response
-            (truncated to 200 chars), the original exception chained.
+            group_rm, a dict reward that `reward_key` does not fit (names --reward-key, the function
+            and the keys present): the flags are wrong.
+        RewardError (a RuntimeError): the user's function failed: it raised (the message names the
+            function as pkg.mod.fn, the sample index, the innermost line of the function's own file and
+            the response, truncated to 200 chars; the exception chained), timed out (`RewardTimeout`),
+            returned NaN/inf or a non-number, or (group) not one reward per sample.
     """
     if custom_fn is None and rm_type is None:
         raise ValueError("no reward function: set --rm-type or --custom-rm-path")
@@ -340,15 +377,21 @@ def score_samples(
     if grouped and (group_size < 1 or len(samples) % group_size):
         raise ValueError(f"--group-rm: {len(samples)} samples do not split into groups of {group_size}")
     raw = asyncio.run(_score_all(fn, samples, group_size if grouped else None))
+    name = function_name(fn)
     return [
-        reward_value(value, reward_key, where=f"reward for sample index {i}") for i, value in enumerate(raw)
+        _checked_reward(value, reward_key, name=name, index=_index(sample, i))
+        for i, (sample, value) in enumerate(zip(samples, raw))
     ]
 
 
 async def _score_all(fn: Callable[..., Any], samples: list[dict], group_size: int | None) -> list[Any]:
     """Every sample's raw reward, in order: one call per sample, or per group of `group_size`."""
-    if group_size is None:
-        return await asyncio.gather(*(_score_one(fn, sample, i) for i, sample in enumerate(samples)))
-    starts = range(0, len(samples), group_size)
-    grouped = await asyncio.gather(*(_score_group(fn, samples[s : s + group_size], s) for s in starts))
-    return [reward for group in grouped for reward in group]
+    caller = RewardCaller(fn)
+    try:
+        if group_size is None:
+            return await asyncio.gather(*(_score_one(caller, sample, i) for i, sample in enumerate(samples)))
+        starts = range(0, len(samples), group_size)
+        groups = await asyncio.gather(*(_score_group(caller, samples[s : s + group_size], s) for s in starts))
+    finally:
+        caller.close()
+    return [reward for group in groups for reward in group]

@@ -55,7 +55,9 @@ class RolloutProducer:
         self.timer = timer
         self.dist = dist_ctx or DistContext()
         self.custom_reward = (
-            rewards.load_custom_reward(cfg.reward.custom_rm_path) if cfg.reward.custom_rm_path else None
+            rewards.load_custom_reward(cfg.reward.custom_rm_path, cfg.reward.call_timeout)
+            if cfg.reward.custom_rm_path
+            else None
         )
         if self.custom_reward is None:
             rewards.get_reward_fn(cfg.reward.rm_type)  # unknown --rm-type fails here, before any work

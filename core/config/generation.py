@@ -143,8 +143,18 @@ class RewardConfig:
     """The custom reward scores a whole group at once (needs --custom-rm-path)."""
     reward_key: str | None = None
     """Key to read when the reward function returns a dict."""
+    reward_timeout: float = 300.0
+    """Seconds one --custom-rm-path call may take; past it the run fails (exit 1) naming the function,
+    the sample index and the timeout. 0 waits forever. Default 300: far above a verifier's seconds, so
+    only a stuck call hits it. Async functions are cancelled; sync ones run one at a time on a daemon
+    worker thread, which is abandoned on timeout (a thread cannot be killed) while the run ends. With 0
+    sync functions run on the main thread, as reward code using signal-based timeouts needs."""
 
     def __post_init__(self) -> None:
+        require(
+            0 <= self.reward_timeout < math.inf,
+            f"--reward-timeout must be a finite number of seconds >= 0 (0 waits forever), got {self.reward_timeout}",
+        )
         require(
             self.rm_type is not None or self.custom_rm_path is not None,
             "one of --rm-type or --custom-rm-path is required",
@@ -153,6 +163,11 @@ class RewardConfig:
             not self.group_rm or self.custom_rm_path is not None,
             "--group-rm needs --custom-rm-path (a function scoring a whole group)",
         )
+
+    @property
+    def call_timeout(self) -> float | None:
+        """`--reward-timeout` in seconds, None when it is 0 (wait forever)."""
+        return self.reward_timeout or None
 
 
 @dataclass(kw_only=True)
