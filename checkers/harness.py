@@ -8,6 +8,7 @@ without `--ci-test` and failures with it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,11 @@ class CheckHarness:
         one_side_only = debug.debug_rollout_only or debug.debug_train_only
         self.kl_enabled = ci.ci_test and not ci.ci_disable_kl_checker
         self.logprobs_enabled = ci.ci_test and not ci.ci_disable_logprobs_checker
+        self.logprobs = logprobs.LogprobChecker(
+            abs_tol=ci.ci_logprobs_checker_abs_tol,
+            entropy_range=(ci.ci_entropy_range[0], ci.ci_entropy_range[1]),
+            facts=logprobs.RunFacts(weight_sync_skipped=debug.debug_skip_weight_update),
+        )
         wants_weight_check = (
             ci.ci_test and not ci.ci_disable_weight_update_checker
         ) or ci.check_weight_update_equal
@@ -58,6 +64,15 @@ class CheckHarness:
             self._verdict(checker, False, message=str(e), **details)
             raise
         self._verdict(checker, True, **details)
+
+    def know_run(self, *, vocab_size: int, chat_template_unapplied: bool, filters_support: bool) -> None:
+        """What the log-prob checker learns once the run's parts are built (see `logprobs.RunFacts`)."""
+        self.logprobs.facts = dataclasses.replace(
+            self.logprobs.facts,
+            vocab_size=vocab_size,
+            chat_template_unapplied=chat_template_unapplied,
+            filters_support=filters_support,
+        )
 
     # ------------------------------------------------------------------ hooks
     def first_sync(self, engine: RolloutEngine | None, sync: Callable[[], None], *, resumed: bool) -> None:
@@ -119,14 +134,14 @@ class CheckHarness:
             return
         self._run(
             "logprobs",
-            lambda: logprobs.check_logprobs(
+            lambda: self.logprobs.check(
                 rollout_id,
                 line,
                 trainer=trainer,
                 reference=reference,
                 engine=[s.rollout_log_probs for s in samples],
                 response_ids=[s.response_ids for s in samples],
-                abs_tol=self.ci.ci_logprobs_checker_abs_tol,
+                kept_token_ids=[s.kept_token_ids for s in samples],
             ),
             rollout_id=rollout_id,
         )

@@ -18,6 +18,11 @@ step-0 train/train_rollout_logprob_abs_diff must lie in [lo, hi]. A range derive
 is [min, max] of their step-0 gaps widened by a relative margin m: [min*(1-m), max*(1+m)] (grpolab's
 default m = 0.1). Above `FAR_FACTOR` × hi the value is "far" ("several times your range" means the
 two sides compute different models; the factor 3 is grpolab's).
+
+Jump rule (the log-prob checker's stale-weights diagnosis, `checkers/logprobs.py`): a later gap
+above `FAR_FACTOR` × the run's first gap has "jumped": the first gap is measured with trainer and
+engine on the same weights, so a gap several times larger after weight syncs means the two sides no
+longer hold the same weights.
 """
 
 from __future__ import annotations
@@ -110,3 +115,9 @@ def gap_place(value: float, lo: float, hi: float) -> GapPlace:
     if lo <= value <= hi:
         return "inside"
     return "far" if value > FAR_FACTOR * hi else "outside"
+
+
+def gap_jumped(first: float, later: float) -> bool:
+    """The jump rule (module docstring): `later` > FAR_FACTOR × `first` (both mean per-token |gaps|,
+    nats, >= 0; NaN never jumps)."""
+    return later > FAR_FACTOR * first

@@ -69,6 +69,11 @@ class GRPORun:
         parts = build_parts(config, run_dir, self.dist, self.timer)
         self.fingerprint, self.tokenizer = parts.fingerprint, parts.tokenizer
         self.eval_sets, self.sampling = parts.eval_sets, parts.sampling
+        self.harness.know_run(
+            vocab_size=len(parts.tokenizer),
+            chat_template_unapplied=parts.chat_template_unapplied,
+            filters_support=parts.sampling.filters_support,
+        )
         # every rollout/sync/eval call goes through the engine's client (fails after --engine-failure-timeout)
         self.engine, self.actor, self.colocation = parts.engine, parts.actor, parts.colocation
         self.producer, self.recorder = parts.producer, parts.recorder

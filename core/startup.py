@@ -75,6 +75,7 @@ class RunParts:
 
     fingerprint: str
     tokenizer: Any
+    chat_template_unapplied: bool
     eval_sets: dict[str, PromptDataset]
     sampling: SamplingParams
     engine: RolloutEngine | None
@@ -93,6 +94,7 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
     cfg, debug = config, config.debug
     fingerprint = model_fingerprint(cfg.model.hf_checkpoint)
     tokenizer = load_tokenizer(cfg.model.hf_checkpoint)
+    template_unapplied = _warn_unapplied_template(cfg, tokenizer, run_dir)
     dataset_kw = {
         "input_key": cfg.data.input_key,
         "label_key": cfg.data.label_key,
@@ -131,6 +133,7 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
     return RunParts(
         fingerprint=fingerprint,
         tokenizer=tokenizer,
+        chat_template_unapplied=template_unapplied,
         eval_sets=eval_sets,
         sampling=sampling,
         engine=engine,
@@ -139,6 +142,23 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         recorder=recorder,
         colocation=Colocation(cfg.colocate, engine=engine, actor=actor, timer=timer),
     )
+
+
+def _warn_unapplied_template(cfg: Config, tokenizer: Any, run_dir: RunDirectory) -> bool:
+    """Warn (console and a `warning` event) when the tokenizer has a chat template that the run does
+    not apply (`--apply-chat-template` off); return whether that is the case."""
+    if cfg.data.apply_chat_template or not getattr(tokenizer, "chat_template", None):
+        return False
+    model = cfg.model.hf_checkpoint
+    message = (
+        f"the tokenizer of --hf-checkpoint {model} has a chat template, but --apply-chat-template is off: "
+        "prompts reach the model raw. An instruct model answers raw prompts with much higher -log-prob "
+        f"per token and entropy (compare: grpolab check template --hf-checkpoint {model}); pass "
+        "--apply-chat-template unless the prompts are already rendered"
+    )
+    log.warning(f"warning: {message}")
+    run_dir.event("warning", code="chat_template_unapplied", message=message)
+    return True
 
 
 def _build_actor(cfg: Config, dist: DistContext) -> Actor:

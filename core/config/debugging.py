@@ -5,9 +5,12 @@ The string after each field is its documentation and the help text of its `grpol
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from grpolab.core.config.validation import require
+
+MILES_ENTROPY_RANGE = (0.0, 0.7)
+"""Miles' `--ci-test` range for rollout/entropy in nats (log_utils.py, reference/miles-debugging.md)."""
 
 
 @dataclass(kw_only=True)
@@ -111,6 +114,13 @@ class CIConfig:
     """Escape hatch for the log-prob checker."""
     ci_logprobs_checker_abs_tol: float = 0.03
     """Trainer-vs-engine mean log-prob gap tolerance."""
+    ci_entropy_range: list[float] = field(
+        default_factory=lambda: list(MILES_ENTROPY_RANGE), metadata={"metavar": "LOW HIGH"}
+    )
+    """Two values LOW HIGH: the log-prob checker fails when rollout/entropy (nats per token) is not
+    strictly inside (default: 0 0.7, the range Miles' --ci-test asserts on the runs of its CI
+    models). Uniform noise is ln(vocab size) nats (10.8 for a 49k vocabulary): another model, raw
+    prompts or open-ended answers can sit well above 0.7 without being noise."""
     ci_disable_weight_update_checker: bool = False
     """Escape hatch for the weight-update checker."""
     check_weight_update_equal: bool = False
@@ -138,6 +148,10 @@ class CIConfig:
 
     def __post_init__(self) -> None:
         require(self.ci_logprobs_checker_abs_tol >= 0, "--ci-logprobs-checker-abs-tol must be >= 0")
+        require(
+            len(self.ci_entropy_range) == 2 and 0 <= self.ci_entropy_range[0] < self.ci_entropy_range[1],
+            f"--ci-entropy-range takes two values LOW HIGH with 0 <= LOW < HIGH (nats), got {self.ci_entropy_range}",
+        )
         require(self.ci_grad_norm_rtol >= 0, "--ci-grad-norm-rtol must be >= 0")
         require(self.ci_max_abs_advantage > 0, "--ci-max-abs-advantage must be > 0")
         require(
