@@ -281,7 +281,73 @@ def test_exception_beats_a_plain_exit():
     assert verdict.kind == "cleanup_deadlock" and verdict.pattern == "A"
     assert verdict.evidence[0] == "rank 1 raised ValueError: bad reward"
     assert verdict.evidence[1] == 'rank 1 exception raised at: File "r.py", line 3, in score'
-    assert verdict.evidence[-1] == "also fits: rank exited; same collective"
+    # not "same collective": pattern C (network, slow peer) needs every rank alive
+    assert verdict.evidence[-1] == "also fits: rank exited"
+
+
+def test_barrier_reached_after_the_peer_left_is_an_extra_collective():
+    """Rank 1 ended its loop (heartbeat phase finished) and exited; rank 0 waits in a barrier inside
+    save_checkpoint that only it calls. It was rank_exited with "also fits: same collective"."""
+    save = in_collective("barrier", "save_checkpoint", outer=(frame("train", "train.py", 90),))
+    verdict = classify(
+        [
+            rank(0, save, heartbeat_age_s=3.0, heartbeat_phase="save"),
+            rank(1, None, heartbeat_age_s=2.0, heartbeat_phase="finished"),
+        ],
+        backend="gloo",
+    )
+    assert verdict.kind == "extra_collective" and verdict.pattern is None and verdict.hung
+    assert verdict.title == (
+        "Extra collective on rank 0, reached after the peer left: barrier ← save_checkpoint (train.py:40); "
+        "rank 1 finished and exited, so no rank will join it"
+    )
+    assert verdict.evidence[0] == (
+        "rank 1 (pid 101) is gone (unknown exit code) and recorded no exception; its last heartbeat is "
+        "phase finished: it ended its loop and left"
+    )
+    assert verdict.evidence[1].startswith(
+        "rank 0 waits in barrier (torch/distributed/distributed_c10d.py:100)"
+    )
+    assert verdict.evidence[1].endswith(
+        "a collective no running peer will call: it was reached after rank 1 left"
+    )
+    assert not any("same collective" in e or e.startswith("also fits") for e in verdict.evidence)
+    assert verdict.next_steps[0].startswith(
+        "Make the collective at save_checkpoint (train.py:40) run on every"
+    )
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in " ".join(verdict.next_steps)
+    # an exit code of 0 says the same when the heartbeat does not; two ranks left, two wait
+    verdict = classify(
+        [
+            rank(0, save),
+            rank(1, None, exit_code=0),
+            rank(2, save),
+            rank(3, None, heartbeat_phase="finished"),
+        ]
+    )
+    assert verdict.kind == "extra_collective"
+    assert verdict.title.startswith("Extra collective on ranks 0, 2, reached after the peer left: barrier")
+    assert "ranks 1, 3 finished and exited" in verdict.title
+
+
+def test_a_peer_that_died_mid_step_is_still_rank_exited_not_same_collective():
+    """The same barrier, but rank 1's heartbeat is in a working phase and its exit code is unknown
+    (or not 0): it died before reaching the collective, so the exit is the cause."""
+    save = in_collective("barrier", "save_checkpoint")
+    for dead in (
+        rank(1, None, heartbeat_phase="train"),
+        rank(1, None, heartbeat_phase="finished", exit_code=-9),  # killed after its last heartbeat
+        rank(1, None, exit_code=1),
+    ):
+        verdict = classify([rank(0, save), dead])
+        assert verdict.kind == "rank_exited", dead
+        assert verdict.title == "Rank 1 exited; rank 0 waits in barrier for it"
+        assert not any(e.startswith("also fits") for e in verdict.evidence)
+    # an exception beats a clean exit elsewhere: pattern A
+    verdict = classify(
+        [rank(0, save), rank(1, None, heartbeat_phase="finished"), rank(2, None, exception="ValueError: x")]
+    )
+    assert verdict.kind == "cleanup_deadlock" and "extra collective" not in " ".join(verdict.evidence)
 
 
 def test_destroy_process_group_without_exception_is_teardown():

@@ -240,6 +240,32 @@ def test_rank_exited_before_all_reduce(tmp_path: Path, capsys) -> None:
     assert verdict["next_steps"][0].startswith("Check whether rank 1 still runs")
 
 
+def test_extra_collective_reached_after_the_peer_left(tmp_path: Path, capsys) -> None:
+    """Rank 1 ends its loop and exits 0; rank 0 then waits in a barrier inside save_checkpoint. The
+    verdict names the extra collective on rank 0 and does not offer "same collective" (it said
+    "Rank 1 exited; rank 0 waits in barrier for it", also fits: same collective)."""
+    run = tmp_path / "extra"
+    procs = launch_hang_world("extra", 2, run, culprit=0, hang_seconds=300)
+    try:
+        markers = wait_until_hung(run, 2, timeout_s=240, procs=procs)
+        assert markers[1]["state"] == "exiting" and markers[0]["what"] == "barrier in save_checkpoint"
+        code, report = diagnose(capsys, str(run), *FAST)
+    finally:
+        stop_hang_world(procs, run)
+    assert code == 1, report
+    verdict = report["verdict"]
+    assert verdict["kind"] == "extra_collective" and verdict["pattern"] is None
+    title = verdict["title"]
+    assert title.startswith(
+        "Extra collective on rank 0, reached after the peer left: barrier ← save_checkpoint ("
+    )
+    assert "hang_world.py:" in title
+    assert verdict["title"].endswith("rank 1 finished and exited, so no rank will join it")
+    assert not any("same collective" in line for line in [verdict["title"], *verdict["evidence"]])
+    assert rows(report)[1]["state"] == "exited" and rows(report)[0]["collective"] == "barrier"
+    assert verdict["next_steps"][0].startswith("Make the collective at save_checkpoint (")
+
+
 def test_python_stall_confirmed_by_stale_heartbeats(tmp_path: Path, capsys) -> None:
     """Rank 1 spins in Python (its frames move), rank 0 polls: hung only because nothing was written."""
     with hung_world(tmp_path, "python_stall", 2) as (run, _):

@@ -15,11 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from grpolab.diagnose.hang.verdict.rank_rows import RankView
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+from grpolab.diagnose.hang.verdict.text import ranks_phrase as _ranks
 
 
 def _hosts(views: Sequence[RankView]) -> dict[str, list[int]]:

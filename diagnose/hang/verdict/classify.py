@@ -10,16 +10,21 @@ The patterns, symptoms and advice follow the AReaL debugging guide, section "调
   another);
 - pattern C, the same collective on every rank: a network or performance problem (a straggler, a
   timeout) rather than a code bug.
-grpolab adds four verdicts the guide's causes table describes but gives no pattern letter: a rank
-exited without an exception, a Python-side stall outside any collective, two threads of one process
+grpolab adds five verdicts the guide's causes table describes but gives no pattern letter: a rank
+exited without an exception, an extra collective (every rank that is gone left normally, its last
+heartbeat "finished" or exit code 0, while a live rank waits in a collective no peer will call:
+reached after the peer left), a Python-side stall outside any collective, two threads of one process
 inside collectives (gloo and NCCL pair collectives by call order per group, so two threads issuing
 them interleave differently on different ranks and deadlock), and "not hung".
 
 Precedence when several apply (grpolab's, most causal first): not_hung (progress observed) >
 cleanup_deadlock (a rank in teardown, or a rank with a recorded exception while another rank is
 alive: the exception explains everything downstream, so it beats "a rank exited") >
-rank_exited (a dead rank without an exception: the survivors wait for it, whatever they wait in) >
-threads_same_group > mismatched_collectives > same_collective > python_stall. The verdicts that also
+extra_collective (a special case of a rank exited: the one said instead of it) > rank_exited (a
+dead rank without an exception: the survivors wait for it, whatever they wait in) >
+threads_same_group > mismatched_collectives > same_collective > python_stall. same_collective
+(pattern C: a network problem or a slow peer) needs every inspected rank alive: when a rank is gone,
+the ranks waiting together wait for it. The verdicts that also
 applied are listed at the end of the evidence ("also fits: ..."). A rank that was not inspected (on
 another host: `RankObservation.remote_host`) counts neither alive nor exited, in no collective and
 agreeing with no one: the verdict rests on the inspected ranks and says so.
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpolab.diagnose.hang.verdict.caveats import qualify
+from grpolab.diagnose.hang.verdict.exits import describe_extra_collective, describe_rank_exited
 from grpolab.diagnose.hang.verdict.frames import backend_from_stacks
 from grpolab.diagnose.hang.verdict.idle import describe_not_hung, describe_python_stall
 from grpolab.diagnose.hang.verdict.rank_rows import (
@@ -51,7 +57,6 @@ from grpolab.diagnose.hang.verdict.text import (
     common_evidence,
     describe_cleanup_deadlock,
     describe_mismatched_collectives,
-    describe_rank_exited,
     describe_same_collective,
     describe_threads_same_group,
     format_age,
@@ -65,6 +70,7 @@ VERDICT_KINDS = (
     "rank_exited",
     "python_stall",
     "threads_same_group",
+    "extra_collective",
 )
 
 
@@ -99,6 +105,7 @@ class Verdict:
 
 _BUILDERS = {  # hung kind → (its title, evidence and next steps; its AReaL pattern letter)
     "cleanup_deadlock": (describe_cleanup_deadlock, "A"),
+    "extra_collective": (describe_extra_collective, None),
     "rank_exited": (describe_rank_exited, None),
     "threads_same_group": (describe_threads_same_group, None),
     "mismatched_collectives": (describe_mismatched_collectives, "B"),
@@ -116,14 +123,17 @@ def _applicable_kinds(views: Sequence[RankView]) -> list[str]:
     other_alive = any(v.alive and v.obs.rank not in excepted for v in views)
     if in_teardown or (excepted and other_alive):
         kinds.append("cleanup_deadlock")
-    if any(v.exited and not v.obs.exception for v in views):
+    groups = group_by_collective(alive)
+    gone = [v for v in views if v.exited and not v.obs.exception]
+    if gone and groups and not excepted and all(v.left for v in gone):
+        kinds.append("extra_collective")
+    elif gone:
         kinds.append("rank_exited")
     if any(len(v.collective_threads) >= 2 for v in alive):
         kinds.append("threads_same_group")
-    groups = group_by_collective(alive)
     if len(groups) >= 2:
         kinds.append("mismatched_collectives")
-    if len(groups) == 1:
+    if len(groups) == 1 and not any(v.exited for v in views):
         kinds.append("same_collective")
     if not groups and any(v.thread is not None for v in alive):
         kinds.append("python_stall")

@@ -25,6 +25,10 @@ from grpolab.diagnose.hang.verdict.frames import (
 )
 
 ROW_STATES = ("collective", "teardown", "python", "idle", "exited", "no stack", "not inspected")
+FINISHED_PHASE = "finished"
+"""The heartbeat phase a rank writes when its loop ended normally (`grpolab train`'s GRPORun.run on
+every rank, and the `extra` scenario of fixtures/hangs): a rank gone after it is one that left, not
+one that died."""
 
 
 def thread_label(thread: ThreadStack) -> str:
@@ -109,6 +113,16 @@ class RankView:
     def exited(self) -> bool:
         """The rank was inspected and its process is gone."""
         return self.inspected and not self.obs.alive
+
+    @property
+    def left(self) -> bool:
+        """The rank exited normally: inspected, gone, no recorded exception, and its exit code is 0,
+        or unknown (a process that is not our child) with FINISHED_PHASE as its last heartbeat. A
+        rank that died mid-step (heartbeat in a working phase) or with a non-zero exit code (killed
+        after its last heartbeat) has not "left"."""
+        code = self.obs.exit_code
+        finished = code == 0 or (code is None and self.obs.heartbeat_phase == FINISHED_PHASE)
+        return self.exited and not self.obs.exception and finished
 
     @property
     def key(self) -> tuple[str, str] | None:

@@ -1,6 +1,7 @@
 """The words of a hang verdict: for each kind its title, evidence lines and next steps. Pure.
 
-The verdicts where no rank waits in a collective (python_stall, not_hung) are in hang/verdict/idle.py.
+The verdicts where no rank waits in a collective (python_stall, not_hung) are in hang/verdict/idle.py,
+those where a rank is gone without an exception (rank_exited, extra_collective) in hang/verdict/exits.py.
 
 Each `describe_<kind>` takes every rank's view (rank_rows.RankView, in rank order) and returns
 (title, evidence, next steps); hang/verdict/classify.py picks the kind. The advice follows the AReaL debugging
@@ -19,7 +20,8 @@ from grpolab.diagnose.hang.verdict.frames import teardown_chain, thread_status, 
 from grpolab.diagnose.hang.verdict.rank_rows import RankView, group_by_collective
 
 
-def _ranks(ranks: Sequence[int]) -> str:
+def ranks_phrase(ranks: Sequence[int]) -> str:
+    """`rank 1` or `ranks 0, 2` (sorted)."""
     ranks = sorted(ranks)
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
@@ -41,14 +43,16 @@ def format_age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f} s"
 
 
-def _group_line(views: Sequence[RankView]) -> str:
+def group_line(views: Sequence[RankView]) -> str:
+    """`ranks 0, 2 wait in all_reduce (…) ← train_step (…)` for ranks of one collective group."""
     first = views[0].row
     verb = "waits in" if len(views) == 1 else "wait in"
-    return f"{_ranks([v.obs.rank for v in views])} {verb} {first.where}"
+    return f"{ranks_phrase([v.obs.rank for v in views])} {verb} {first.where}"
 
 
-def _wait(ranks: Sequence[int]) -> str:
-    return f"{_ranks(ranks)} {'waits' if len(ranks) == 1 else 'wait'}"
+def wait_phrase(ranks: Sequence[int]) -> str:
+    """`rank 1 waits` or `ranks 0, 2 wait`."""
+    return f"{ranks_phrase(ranks)} {'waits' if len(ranks) == 1 else 'wait'}"
 
 
 def slowest_view(views: Sequence[RankView]) -> RankView | None:
@@ -77,16 +81,18 @@ def common_evidence(views: Sequence[RankView]) -> list[str]:
     unchanged = [v.obs.rank for v in views if v.row.unchanged is True]
     changed = [v.obs.rank for v in views if v.row.unchanged is False]
     if unchanged:
-        lines.append(f"stacks unchanged between the two samples on {_ranks(unchanged)}")
+        lines.append(f"stacks unchanged between the two samples on {ranks_phrase(unchanged)}")
     if changed:
-        lines.append(f"stacks changed between the two samples on {_ranks(changed)} (still running code)")
+        lines.append(
+            f"stacks changed between the two samples on {ranks_phrase(changed)} (still running code)"
+        )
     native = [v for v in views if v.row.native_wait and v.row.state in ("collective", "teardown")]
     if native:
         first = native[0].row.native_wait
-        lines.append(f"native frames show {_ranks([v.obs.rank for v in native])} blocked in {first}")
+        lines.append(f"native frames show {ranks_phrase([v.obs.rank for v in native])} blocked in {first}")
     missing = [v.obs.rank for v in views if v.row.state == "no stack"]
     if missing:
-        lines.append(f"no stack could be read for {_ranks(missing)} (alive, py-spy gave nothing)")
+        lines.append(f"no stack could be read for {ranks_phrase(missing)} (alive, py-spy gave nothing)")
     return lines
 
 
@@ -121,7 +127,7 @@ def describe_cleanup_deadlock(
     others = [v for v in views if v.obs.rank not in failing_ranks]
     evidence = _failing_evidence(failing, with_exception)
     for views_in_group in group_by_collective(others).values():
-        evidence.append(f"{_group_line(views_in_group)} for {_ranks(sorted(failing_ranks))}")
+        evidence.append(f"{group_line(views_in_group)} for {ranks_phrase(sorted(failing_ranks))}")
     for view in others:
         if view.key is None and view.inspected:  # ranks not inspected: hang/verdict/caveats.py names them
             evidence.append(state_line(view))
@@ -135,7 +141,7 @@ def describe_cleanup_deadlock(
         )
     else:
         steps.append(
-            f"Read the log of {_ranks(sorted(failing_ranks))} for the error or early exit that started its cleanup."
+            f"Read the log of {ranks_phrase(sorted(failing_ranks))} for the error or early exit that started its cleanup."
         )
     steps.append(
         "Do not let cleanup swallow the error: re-raise it from __exit__/finally, and skip collectives "
@@ -157,7 +163,7 @@ def _failing_evidence(failing: Sequence[RankView], with_exception: Sequence[Rank
             evidence.append(f"rank {view.obs.rank} exception raised at: {last}")
     if not with_exception:
         evidence.append(
-            f"{_ranks(sorted(v.obs.rank for v in failing))} in teardown without a recorded exception: its "
+            f"{ranks_phrase(sorted(v.obs.rank for v in failing))} in teardown without a recorded exception: its "
             "log should show the error (or early finish) that started the cleanup"
         )
     for view in failing:
@@ -182,7 +188,7 @@ def _cleanup_title(
     failing: Sequence[RankView], with_exception: Sequence[RankView], others: Sequence[RankView]
 ) -> str:
     """Pattern A's title: what the failing ranks did, and what the others wait in."""
-    culprit = _ranks(sorted(v.obs.rank for v in failing))
+    culprit = ranks_phrase(sorted(v.obs.rank for v in failing))
     verb = "is" if len(failing) == 1 else "are"
     exception_kind = ""
     if with_exception:
@@ -200,50 +206,12 @@ def _cleanup_title(
     head = f"Cleanup deadlock (pattern A): {what}"
     if waiting:
         collectives = sorted({v.row.collective or "?" for v in waiting})
-        return f"{head}; {_wait([v.obs.rank for v in waiting])} in {', '.join(collectives)}"
+        return f"{head}; {wait_phrase([v.obs.rank for v in waiting])} in {', '.join(collectives)}"
     if not others:
         return f"{head}; no rank is left in the training loop"
     if known:
-        return f"{head}; {_wait([v.obs.rank for v in known])} for it"
+        return f"{head}; {wait_phrase([v.obs.rank for v in known])} for it"
     return head  # the other ranks are on hosts not inspected: hang/verdict/caveats.py names them
-
-
-def describe_rank_exited(
-    views: Sequence[RankView], backend: str | None = None
-) -> tuple[str, list[str], list[str]]:
-    """A rank is gone without a recorded exception; the survivors wait for it."""
-    dead = [v for v in views if v.exited]
-    alive = [v for v in views if v.alive]
-    evidence = []
-    for view in dead:
-        code = "unknown exit code" if view.obs.exit_code is None else f"exit code {view.obs.exit_code}"
-        pid = "" if view.obs.pid is None else f" (pid {view.obs.pid})"
-        evidence.append(f"rank {view.obs.rank}{pid} is gone ({code}) and recorded no exception")
-    for group in group_by_collective(alive).values():
-        evidence.append(_group_line(group) + " for it")
-    for view in alive:
-        if view.key is None:
-            evidence.append(state_line(view))
-    dead_ranks = _ranks([v.obs.rank for v in dead])
-    if not alive and all(v.inspected for v in views):
-        title = f"No rank process is alive ({dead_ranks} exited): the run ended rather than hung"
-    elif not alive:  # the others are on hosts not inspected: hang/verdict/classify.py's caveats name them
-        title = f"{dead_ranks.capitalize()} exited"
-    else:
-        waiting = [v for v in alive if v.key is not None]
-        if waiting:
-            collectives = ", ".join(sorted({v.row.collective or "?" for v in waiting}))
-            title = f"{dead_ranks.capitalize()} exited; {_wait([v.obs.rank for v in waiting])} in {collectives} for it"
-        else:
-            title = f"{dead_ranks.capitalize()} exited; {_ranks([v.obs.rank for v in alive])} still running"
-    steps = [
-        f"Find out why {dead_ranks} died: the tail of its log, its exit code, the kernel log "
-        "(dmesg: the OOM killer) for a kill or a segfault.",
-        "Launch ranks so that one dying stops the job (torchrun does); make each rank record its "
-        "exception before exiting so the next diagnosis names it.",
-        *env_steps(backend, "timeout", "detail"),
-    ]
-    return title, evidence, steps
 
 
 def describe_threads_same_group(
@@ -262,7 +230,7 @@ def describe_threads_same_group(
     names = " and ".join(
         f"'{thread.name or thread.thread_id}' ({c.name})" for thread, c in first.collective_threads
     )
-    more = "" if len(multi) == 1 else f" (also on {_ranks([v.obs.rank for v in multi[1:]])})"
+    more = "" if len(multi) == 1 else f" (also on {ranks_phrase([v.obs.rank for v in multi[1:]])})"
     title = f"Threads {names} of rank {first.obs.rank} are each inside a collective{more}"
     evidence.append(
         "collectives on one process group are matched by call order; two threads issuing them "
@@ -281,12 +249,12 @@ def describe_mismatched_collectives(
 ) -> tuple[str, list[str], list[str]]:
     """Pattern B: the ranks wait in different collectives, or in one from different call sites."""
     groups = sorted(group_by_collective(views).values(), key=lambda g: (-len(g), g[0].obs.rank))
-    evidence = [_group_line(group) for group in groups]
+    evidence = [group_line(group) for group in groups]
     names = {group[0].row.collective for group in groups}
     if len(names) == 1:
         evidence.append(
             f"the same collective ({groups[0][0].row.collective}) is called from different call sites: "
-            + "; ".join(f"{_ranks([v.obs.rank for v in g])} from {g[0].row.call_site}" for g in groups)
+            + "; ".join(f"{ranks_phrase([v.obs.rank for v in g])} from {g[0].row.call_site}" for g in groups)
         )
     largest = len(groups[0])
     majority = groups[0] if len(groups) > 1 and len(groups[1]) < largest else None
@@ -294,7 +262,7 @@ def describe_mismatched_collectives(
         major = majority[0].row
         for group in groups[1:]:
             ranks = [v.obs.rank for v in group]
-            subject = _ranks(ranks)
+            subject = ranks_phrase(ranks)
             verb = "is" if len(ranks) == 1 else "are"
             evidence.append(
                 f"{subject} {verb} missing the collective the others wait in "
@@ -303,21 +271,21 @@ def describe_mismatched_collectives(
             )
         minority = [v for g in groups[1:] for v in g]
         title = (
-            f"Mismatched collectives (pattern B): {_ranks([v.obs.rank for v in minority])} "
+            f"Mismatched collectives (pattern B): {ranks_phrase([v.obs.rank for v in minority])} "
             f"{'waits' if len(minority) == 1 else 'wait'} in "
             f"{', '.join(sorted({v.row.collective or '?' for v in minority}))}, "
-            f"{_ranks([v.obs.rank for v in majority])} in {major.collective}"
+            f"{ranks_phrase([v.obs.rank for v in majority])} in {major.collective}"
         )
     else:
         for group in groups:
             others = [g for g in groups if g is not group]
             evidence.append(
-                f"{_ranks([v.obs.rank for v in group])} {'is' if len(group) == 1 else 'are'} missing the "
+                f"{ranks_phrase([v.obs.rank for v in group])} {'is' if len(group) == 1 else 'are'} missing the "
                 "collective the others wait in: "
                 + "; ".join(f"{g[0].row.collective} ← {g[0].row.call_site}" for g in others)
             )
         title = "Mismatched collectives (pattern B): " + "; ".join(
-            f"{_ranks([v.obs.rank for v in g])} in {g[0].row.collective} ← {g[0].row.call_site}"
+            f"{ranks_phrase([v.obs.rank for v in g])} in {g[0].row.collective} ← {g[0].row.call_site}"
             for g in groups
         )
     for view in views:
@@ -340,16 +308,16 @@ def describe_same_collective(
     group = next(iter(group_by_collective(views).values()))
     row = group[0].row
     stragglers = [v for v in views if v.alive and v.key is None and v.row.state in ("python", "idle")]
-    evidence = [_group_line(group)]
+    evidence = [group_line(group)]
     evidence += [_not_in_collective_line(v) for v in stragglers]
     slowest = slowest_view(views)
     if slowest is not None and (not stragglers or slowest in stragglers):
         evidence.append(slowest_line(slowest))
-    in_it = _ranks([v.obs.rank for v in group])
+    in_it = ranks_phrase([v.obs.rank for v in group])
     if stragglers:
-        names = _ranks([v.obs.rank for v in stragglers])
+        names = ranks_phrase([v.obs.rank for v in stragglers])
         title = (
-            f"Same collective (pattern C): {_wait([v.obs.rank for v in group])} in {row.collective} ← {row.call_site}; "
+            f"Same collective (pattern C): {wait_phrase([v.obs.rank for v in group])} in {row.collective} ← {row.call_site}; "
             f"{names} {'has' if len(stragglers) == 1 else 'have'} not arrived (straggler)"
         )
         evidence.append(
@@ -364,14 +332,14 @@ def describe_same_collective(
         ]
     else:
         everyone = len(group) == len(views)  # "every rank" only when every rank's stack was read
-        who = f"every rank ({in_it}) waits" if everyone else _wait([v.obs.rank for v in group])
+        who = f"every rank ({in_it}) waits" if everyone else wait_phrase([v.obs.rank for v in group])
         title = (
             f"Same collective (pattern C): {who} in {row.collective} ← {row.call_site}: "
             "a network problem, a timeout or a slow peer"
         )
         unread = [v.obs.rank for v in views if v.row.state == "no stack"]
         if unread:
-            title += f"; no stack for {_ranks(unread)}"
+            title += f"; no stack for {ranks_phrase(unread)}"
         if slowest is not None:
             title += f"; slowest heartbeat rank {slowest.obs.rank}"
         agreeing = "every rank" if everyone else f"{in_it} (the ranks whose stacks were read)"
