@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.diagnose.cli import add_diagnose_parsers
 
     add_diagnose_parsers(sub)
+    from grpolab.serve.command import add_serve_parser
+
+    add_serve_parser(sub)
     sub.metavar = "{" + ",".join(sub.choices) + "}"  # "required: {train,…}", not the dest's name
     return parser
 
@@ -117,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         from grpolab.ui.launch import run_ui_command
 
         return run_ui_command(args)
+    if args.command == "serve":
+        from grpolab.serve.command import run_serve_command
+
+        return run_serve_command(args, argv)
     if args.command in ("diagnose", "watchdog"):
         from grpolab.diagnose.cli import run_diagnose_command
 

@@ -1,0 +1,167 @@
+"""`grpolab serve`: its flags, loading the engine into a `ServerState`, and running the app with uvicorn.
+
+Order of the checks, cheapest first, so bad input fails in well under a second: the host/api-key
+rule (a non-loopback `--host` needs `--api-key`), the checkpoint path, then the port (bound before
+the model loads, and handed to uvicorn as that socket, so nothing else can take it in between).
+Each is exit 2 with a message naming the flag. The bound address is printed as
+`grpolab serve: listening on http://HOST:PORT` once the server answers (with `--port 0` this is how a
+caller learns the port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import shlex
+import socket
+import sys
+
+from grpolab.serve.batching import BATCH_WAIT_S
+from grpolab.serve.state import ServerState, ServeSettings
+
+DEFAULT_PORT = 30000
+"""SGLang's default `--port`."""
+
+
+def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `grpolab serve` to the `grpolab` subcommands (imports no torch)."""
+    p = sub.add_parser(
+        "serve",
+        help="serve the torch engine over SGLang's HTTP API (/generate, weight updates, ...)",
+        description="Serve --hf-checkpoint with grpolab's torch engine behind SGLang 0.5.23's native HTTP API.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--hf-checkpoint", required=True, help="model directory (save_pretrained) or .gguf file")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port to bind; 0 = any free (default {DEFAULT_PORT})"
+    )
+    p.add_argument(
+        "--api-key", default=None, help="require Authorization: Bearer KEY (needed for a non-loopback --host)"
+    )
+    p.add_argument(
+        "--enable-deterministic-inference",
+        action="store_true",
+        help="SGLang's flag: a request without sampling_seed gets seed 42 (without it, a fresh random seed)",
+    )
+    p.add_argument("--served-model-name", default=None, help="model id in /model_info and /v1/models")
+    p.add_argument("--device", default="cpu", help="engine device: cpu or cuda[:i] (default cpu)")
+    p.add_argument("--dtype", default="float32", help="engine dtype: float32 or bfloat16 (default float32)")
+    p.add_argument(
+        "--batch-wait-ms", type=float, default=BATCH_WAIT_S * 1000, help="gather window before a batch starts"
+    )
+    return p
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port).
+
+    Raises:
+        OSError: the port is taken or the address cannot be bound (the message names both).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"--port {port} on {host} cannot be bound: {e.strerror or e}") from e
+    sock.set_inheritable(True)
+    return sock
+
+
+def load_state(settings: ServeSettings, *, device: str = "cpu", dtype: str = "float32") -> ServerState:
+    """Load the engine, tokenizer and model facts for `settings.model_path`.
+
+    Raises:
+        FileNotFoundError / ValueError: `--hf-checkpoint` is not a model; an unknown `--dtype`.
+    """
+    from grpolab.core.engine.torch_engine import TorchEngine
+    from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
+    from grpolab.serve.batching import Batcher
+
+    engine = TorchEngine(
+        settings.model_path, dtype=parse_dtype(dtype, "--dtype"), device=device, show_progress=False
+    )
+    tokenizer = load_tokenizer(settings.model_path)
+    config = engine.model.config
+    return ServerState(
+        settings=settings,
+        engine=engine,
+        batcher=Batcher(engine, batch_wait_s=settings.batch_wait_s),
+        tokenizer=tokenizer,
+        eos_ids=stop_token_ids(settings.model_path, tokenizer),
+        fingerprint=model_fingerprint(settings.model_path),
+        vocab_size=int(engine.model.get_output_embeddings().weight.shape[0]),
+        context_len=int(getattr(config, "max_position_embeddings", 0) or 0),
+        model_type=getattr(config, "model_type", None),
+        architectures=list(getattr(config, "architectures", None) or []) or None,
+    )
+
+
+def run_server(state: ServerState, sock: socket.socket) -> None:
+    """Serve `state`'s app on the bound `sock` until SIGINT/SIGTERM (uvicorn's graceful shutdown)."""
+    import uvicorn
+
+    from grpolab.serve.app import build_app
+
+    host, port = sock.getsockname()[:2]
+
+    class AnnouncingServer(uvicorn.Server):
+        """uvicorn's server, printing the bound address once it accepts connections."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            print(f"grpolab serve: listening on http://{host}:{port}", flush=True)
+
+    config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, timeout_keep_alive=30)
+    AnnouncingServer(config).run(sockets=[sock])
+
+
+def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """Run `grpolab serve`; return the exit code (0 after a clean shutdown, 2 on bad input)."""
+    prog = "grpolab serve: error:"
+    if not is_loopback(args.host) and not args.api_key:
+        print(f"{prog} --host {args.host} is not a loopback address; it needs --api-key", file=sys.stderr)
+        return 2
+    if args.batch_wait_ms < 0:
+        print(f"{prog} --batch-wait-ms must be >= 0, got {args.batch_wait_ms}", file=sys.stderr)
+        return 2
+    try:
+        from grpolab.core.modeling import model_fingerprint
+
+        model_fingerprint(args.hf_checkpoint)  # the path is a model (config.json or .gguf), before any bind
+        sock = bind_socket(args.host, args.port)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        print(f"{prog} {e}", file=sys.stderr)
+        return 2
+    settings = ServeSettings(
+        model_path=args.hf_checkpoint,
+        host=args.host,
+        port=sock.getsockname()[1],
+        api_key=args.api_key,
+        deterministic=args.enable_deterministic_inference,
+        served_model_name=args.served_model_name,
+        batch_wait_s=args.batch_wait_ms / 1000,
+        launch_command=shlex.join(["grpolab", *(argv or sys.argv[1:])]),
+    )
+    try:
+        state = load_state(settings, device=args.device, dtype=args.dtype)
+    except (FileNotFoundError, ValueError) as e:
+        sock.close()
+        print(f"{prog} {e}", file=sys.stderr)
+        return 2
+    run_server(state, sock)
+    return 0

@@ -1,0 +1,83 @@
+"""`/generate` and the health routes: requests go through the batcher, answers in SGLang's shape."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from grpolab.core.engine.base import SamplingParams
+from grpolab.serve.http import error_response, read_json
+from grpolab.serve.protocol import (
+    GenerateItem,
+    RequestError,
+    abort_response,
+    generate_response,
+    parse_generate,
+)
+from grpolab.serve.state import ServerState
+
+HEALTH_CHECK_TIMEOUT_S = 20.0
+"""How long `/health_generate` waits for its one-token generation (SGLang's HEALTH_CHECK_TIMEOUT)."""
+
+
+async def run_items(state: ServerState, items: list[GenerateItem]) -> list[dict]:
+    """Generate `items` through the batcher; one SGLang response dict each (aborted ones included).
+
+    Raises:
+        RuntimeError: generation is refused (memory released) or the engine failed.
+    """
+    start = time.perf_counter()
+    results = await state.batcher.submit(items)
+    seconds = time.perf_counter() - start
+    out = []
+    for item, result in zip(items, results):
+        if isinstance(result, str):
+            out.append(abort_response(item, result, weight_version=state.weight_version))
+            continue
+        text = state.tokenizer.decode(result.response_ids, skip_special_tokens=item.skip_special_tokens)
+        out.append(
+            generate_response(
+                item, result, weight_version=state.weight_version, text=text,
+                vocab_size=state.vocab_size, seconds=seconds,
+            )
+        )  # fmt: skip
+    return out
+
+
+async def generate(state: ServerState, request: Request) -> Response:
+    """`/generate`: one response object, or a list for a batch of prompts."""
+    try:
+        body = await read_json(request, default={})
+        items, batch = parse_generate(
+            body,
+            eos_ids=state.eos_ids,
+            deterministic=state.settings.deterministic,
+            tokenize=lambda t: state.tokenizer.encode(t, add_special_tokens=False),
+        )
+        out = await run_items(state, items)
+    except RequestError as e:
+        return JSONResponse(e.body, status_code=400)
+    except RuntimeError as e:
+        return error_response(str(e))
+    return JSONResponse(out if batch else out[0])
+
+
+async def health(state: ServerState, request: Request) -> Response:
+    """200 when the engine answers: a busy, paused or released server is alive without generating;
+    an idle one must produce one greedy token on `input_ids=[0]` within 20 s, else 503."""
+    engine_health = await state.batcher.on_engine_thread(state.engine.health)
+    if not engine_health.ok:
+        return Response(f"engine not ok: {engine_health.detail}\n", status_code=503)
+    if state.batcher.running or state.batcher.paused or state.released:
+        return Response(status_code=200)
+    greedy_one = SamplingParams(temperature=1.0, top_k=1, max_new_tokens=1)  # SGLang: temperature 0
+    item = GenerateItem(rid=f"HEALTH_CHECK_{secrets.token_hex(8)}", prompt_ids=[0], params=greedy_one, seed=0)
+    try:
+        await asyncio.wait_for(state.batcher.submit([item]), HEALTH_CHECK_TIMEOUT_S)
+    except (asyncio.TimeoutError, RuntimeError) as e:
+        return Response(f"health generation failed: {e or 'timed out'}\n", status_code=503)
+    return Response(status_code=200)

@@ -1,0 +1,45 @@
+"""Small HTTP helpers shared by the server's handlers: reading a JSON body, SGLang's error answers.
+
+Bodies are parsed with `json.loads` only: the server never unpickles anything it receives.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from grpolab.serve.protocol import RequestError
+
+
+async def read_json(request: Request, *, default: object = None) -> object:
+    """The request's JSON body, or `default` when the body is empty.
+
+    Raises:
+        RequestError: the body is not valid JSON (SGLang answers 400 too).
+    """
+    raw = await request.body()
+    if not raw.strip():
+        return default
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RequestError(f"the request body is not valid JSON: {e}", contract=True) from e
+
+
+async def read_object(request: Request) -> dict:
+    """The request's JSON body as an object (`{}` when empty).
+
+    Raises:
+        RequestError: not JSON, or JSON that is not an object.
+    """
+    body = await read_json(request, default={})
+    if not isinstance(body, dict):
+        raise RequestError(f"{request.url.path}: the request body must be a JSON object")
+    return body
+
+
+def error_response(message: str, status: int = 400) -> JSONResponse:
+    """SGLang's handler error shape: `{"error": {"message": ...}}` with `status`."""
+    return JSONResponse({"error": {"message": message}}, status_code=status)

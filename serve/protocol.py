@@ -1,0 +1,319 @@
+r"""SGLang 0.5.23's `/generate` body and response, parsed and built without touching the engine (pure).
+
+Request (`../shared/reference/notes-sglang-http.md` §1.2): `input_ids` (one list, or a list of lists
+for a batch) or `text`, `sampling_params` (one dict for all items or one per item), `rid`,
+`return_logprob`, `return_sampling_mask`. Unknown top-level keys are ignored, as SGLang does; an
+unknown key inside `sampling_params` is the contract's 400 with serde's text (`unknown field
+\`foo\`, expected one of ...`). Known keys this engine cannot honour (penalties, stop strings,
+grammars, `n > 1`, streaming, prompt log-probs) are refused with a 400 that names them rather than
+ignored, so a client never gets silently different sampling.
+
+SGLang's sampling rules kept here: `temperature < 1e-6` means greedy (temperature 1, top-k 1);
+`top_k` -1 or >= 2**30 means no limit, 0 is refused; the model's EOS ids stop generation unless
+`ignore_eos`; `max_new_tokens` defaults to 128. `sampling_seed` is always honoured (a real SGLang
+only with `--enable-deterministic-inference`); a request without one gets 42 on a deterministic
+server (SGLang's default seed) and a fresh random seed otherwise.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from grpolab.core.engine.base import GenerationResult, SamplingParams
+
+SAMPLING_KEYS: tuple[str, ...] = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
+    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width",
+    "watermark", "choice",
+)  # fmt: skip
+"""`sglang.api.v1.SamplingParams`' fields, in the contract's order (its 400 text lists them so)."""
+
+_NEUTRAL = {
+    "stop": (None, "", []), "stop_regex": (None, "", []), "min_p": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0), "min_new_tokens": (None, 0), "n": (None, 1),
+    "json_schema": (None,), "regex": (None,), "ebnf": (None,), "structural_tag": (None,),
+    "logit_bias": (None, {}), "custom_params": (None,), "beam_width": (None, 1), "watermark": (None,),
+    "choice": (None, []),
+}  # fmt: skip
+"""Known sampling keys this engine cannot honour, and the values that mean "off" (accepted)."""
+
+_UNSUPPORTED_TOP = {"stream": (None, False), "logprob_start_len": (None, -1), "top_logprobs_num": (None, 0),
+                    "token_ids_logprob": (None,), "return_hidden_states": (None, False),
+                    "input_embeds": (None,), "image_data": (None,), "video_data": (None,),
+                    "audio_data": (None,), "lora_path": (None,)}  # fmt: skip
+"""Top-level keys whose non-default value asks for something this server does not produce."""
+
+TOP_K_ALL = 1 << 30
+"""SGLang's "no top-k limit" (`sampling_params.py`: TOP_K_ALL = 1 << 30; -1 means the same)."""
+_GREEDY_EPS = 1e-6  # SGLang's _SAMPLING_EPS: a smaller temperature means greedy
+DEFAULT_SEED = 42
+"""SGLang's seed for a request without `sampling_seed` under deterministic inference."""
+
+
+class RequestError(ValueError):
+    """A request the server refuses with HTTP 400. `body` is the JSON answer.
+
+    `contract=True` gives SGLang's contract-gate shape `{"error": "<text>"}`; otherwise its
+    handler shape `{"error": {"message": "<text>"}}`.
+    """
+
+    def __init__(self, message: str, *, contract: bool = False) -> None:
+        super().__init__(message)
+        self.body: dict = {"error": message} if contract else {"error": {"message": message}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateItem:
+    """One sample of a `/generate` call, ready for the engine.
+
+    Attributes:
+        rid: the request id echoed in `meta_info.id`.
+        prompt_ids: prompt token ids (non-empty).
+        params: the engine's sampling settings (stop ids include the model's EOS unless ignore_eos).
+        seed: the sample's sampling seed (int64 range).
+        return_logprob / return_sampling_mask: what the response carries.
+        skip_special_tokens: whether `text` drops special tokens (SGLang default True).
+    """
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    return_logprob: bool = False
+    return_sampling_mask: bool = False
+    skip_special_tokens: bool = True
+
+
+def _is_one_of(value: object, allowed: tuple) -> bool:
+    """`value` equals one of `allowed` with the same JSON type (so `true` is not 1, nor 0.0 False)."""
+    return any(value == a and type(value) is type(a) for a in allowed)
+
+
+def _serde_type(v: object) -> str:
+    """serde's name for a JSON value in "invalid type" messages (the contract's `_unexpected`)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"boolean `{'true' if v else 'false'}`"
+    if isinstance(v, int):
+        return f"integer `{v}`"
+    if isinstance(v, float):
+        return f"floating point `{v}`"
+    if isinstance(v, str):
+        return f'string "{v}"'
+    return "sequence" if isinstance(v, list) else "map"
+
+
+def _number(sp: dict, key: str, default: float, *, integer: bool = False) -> float | int:
+    """`sp[key]` (null means the default) as an int (i64) or a number (f64), else a contract 400."""
+    v = sp.get(key)
+    if v is None:
+        return default
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok:
+        raise RequestError(
+            f"invalid type: {_serde_type(v)}, expected {'i64' if integer else 'f64'}", contract=True
+        )
+    return v
+
+
+def _int_list(v: object, what: str) -> list[int]:
+    """A JSON list of ints (token ids), else a 400 naming `what`."""
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        raise RequestError(f"{what} must be a list of integer token ids, got {_serde_type(v)}", contract=True)
+    return v
+
+
+def parse_sampling(
+    sp: object, *, eos_ids: tuple[int, ...], deterministic: bool
+) -> tuple[SamplingParams, int, bool]:
+    """One `sampling_params` dict -> (engine SamplingParams, seed, skip_special_tokens).
+
+    Raises:
+        RequestError: not a dict, an unknown key (serde's text), a wrong type, a value out of
+            SGLang's range, or a known key this engine cannot honour at a non-neutral value.
+    """
+    sp = {} if sp is None else sp
+    if not isinstance(sp, dict):
+        raise RequestError(f"invalid type: {_serde_type(sp)}, expected struct SamplingParams", contract=True)
+    for key in sp:
+        if key not in SAMPLING_KEYS:
+            listed = ", ".join(f"`{f}`" for f in SAMPLING_KEYS)
+            raise RequestError(f"unknown field `{key}`, expected one of {listed}", contract=True)
+    for key, neutral in _NEUTRAL.items():
+        if key in sp and not _is_one_of(sp[key], neutral):
+            raise RequestError(f"grpolab serve does not support sampling_params.{key} = {sp[key]!r}")
+    temperature = float(_number(sp, "temperature", 1.0))
+    top_p = float(_number(sp, "top_p", 1.0))
+    top_k = int(_number(sp, "top_k", TOP_K_ALL, integer=True))
+    max_new = int(_number(sp, "max_new_tokens", 128, integer=True))
+    if not 0 <= temperature < float("inf"):
+        raise RequestError(f"temperature must be a non-negative finite number, got {temperature}.")
+    if not 0 < top_p <= 1:
+        raise RequestError(f"top_p must be in (0, 1], got {top_p}.")
+    if top_k == 0 or top_k < -1:
+        raise RequestError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+    if max_new < 1:
+        raise RequestError(f"grpolab serve needs max_new_tokens >= 1, got {max_new}.")
+    if temperature < _GREEDY_EPS:  # SGLang: greedy is temperature 1 over the top-1 set
+        temperature, top_k = 1.0, 1
+    stops = set(_int_list(sp.get("stop_token_ids") or [], "sampling_params.stop_token_ids"))
+    if not sp.get("ignore_eos"):
+        stops.update(eos_ids)
+    seed = sp.get("sampling_seed")
+    if seed is None:
+        seed = DEFAULT_SEED if deterministic else secrets.randbits(63)
+    elif isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
+        raise RequestError(f"sampling_seed must be an integer in [-2**63, 2**63 - 1], got {seed!r}")
+    params = SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=0 if top_k == -1 or top_k >= TOP_K_ALL else top_k,
+        max_new_tokens=max_new,
+        stop_token_ids=tuple(sorted(stops)),
+    )
+    return params, seed, sp.get("skip_special_tokens") is not False
+
+
+def _per_item(value: object, n: int, what: str) -> list:
+    """A per-request field broadcast to n items: a list must have n entries, a scalar is repeated."""
+    if isinstance(value, list):
+        if len(value) != n:
+            raise RequestError(f"{what} has {len(value)} entries for a batch of {n} prompts")
+        return value
+    return [value] * n
+
+
+def _prompts(body: dict, tokenize) -> tuple[list[list[int]], bool]:
+    """The body's prompts as token-id lists, and whether it is a batch."""
+    ids = body.get("input_ids")
+    if ids is None and body.get("text") is not None:
+        text = body["text"]
+        texts = text if isinstance(text, list) else [text]
+        if not all(isinstance(t, str) for t in texts):
+            raise RequestError("text must be a string or a list of strings", contract=True)
+        return [tokenize(t) for t in texts], isinstance(text, list)
+    if ids is None:
+        raise RequestError("Either text, input_ids or input_embeds should be provided.")
+    batch = isinstance(ids, list) and len(ids) > 0 and isinstance(ids[0], list)
+    prompts = [_int_list(p, "input_ids") for p in (ids if batch else [ids])]
+    for i, p in enumerate(prompts):
+        if not p:
+            raise RequestError(
+                f"input_ids{f'[{i}]' if batch else ''} is empty; a prompt needs at least one token"
+            )
+    return prompts, batch
+
+
+def parse_generate(
+    body: object, *, eos_ids: tuple[int, ...], deterministic: bool, tokenize=None
+) -> tuple[list[GenerateItem], bool]:
+    """A `/generate` JSON body -> (one `GenerateItem` per prompt, whether the caller sent a batch).
+
+    Args:
+        body: the parsed JSON body.
+        eos_ids: the model's stop ids (added unless `ignore_eos`).
+        deterministic: the server runs with `--enable-deterministic-inference` (seedless default 42).
+        tokenize: str -> list[int], for `text` prompts.
+
+    Raises:
+        RequestError: anything SGLang would refuse, or this server cannot produce.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(
+            f"invalid type: {_serde_type(body)}, expected struct GenerateRequest", contract=True
+        )
+    for key, defaults in _UNSUPPORTED_TOP.items():
+        if key in body and not _is_one_of(body[key], defaults):
+            raise RequestError(f"grpolab serve does not support {key} = {body[key]!r} in /generate")
+    prompts, batch = _prompts(body, tokenize)
+    n = len(prompts)
+    rid = body.get("rid")
+    if rid is None:
+        rids = [secrets.token_hex(16) for _ in range(n)]
+    elif isinstance(rid, str):
+        rids = [rid] if not batch else [f"{rid}_{i}" for i in range(n)]
+    else:
+        rids = [str(r) for r in _per_item(rid, n, "rid")]
+    sps = _per_item(body.get("sampling_params"), n, "sampling_params")
+    logprob = _per_item(body.get("return_logprob"), n, "return_logprob")
+    mask = _per_item(body.get("return_sampling_mask"), n, "return_sampling_mask")
+    items = []
+    for i in range(n):
+        params, seed, skip = parse_sampling(sps[i], eos_ids=eos_ids, deterministic=deterministic)
+        items.append(
+            GenerateItem(
+                rid=rids[i], prompt_ids=prompts[i], params=params, seed=seed,
+                return_logprob=bool(logprob[i]), return_sampling_mask=bool(mask[i]), skip_special_tokens=skip,
+            )
+        )  # fmt: skip
+    return items, batch
+
+
+def finish_reason_json(result: GenerationResult, params: SamplingParams) -> dict:
+    """SGLang's tagged finish reason: stop with the matched token id, or length with the limit."""
+    if result.finish_reason == "stop":
+        return {"type": "stop", "matched": result.response_ids[-1]}
+    return {"type": "length", "length": params.max_new_tokens}
+
+
+def generate_response(
+    item: GenerateItem,
+    result: GenerationResult,
+    *,
+    weight_version: str,
+    text: str,
+    vocab_size: int,
+    seconds: float,
+) -> dict:
+    """One `/generate` answer in SGLang's shape (`GenerateResponse`), meta_info included.
+
+    Log-probs are float32 values written as JSON doubles (exact: float32 -> float64 -> repr round-trips).
+    `output_token_sampling_mask` lists each token's kept ids ascending (the whole vocabulary when no
+    top-p/top-k filtering applied); `output_token_sampling_logprobs` is each token's behaviour log-prob.
+    """
+    ids = list(result.response_ids)
+    n = len(ids)
+    meta: dict = {
+        "id": item.rid,
+        "finish_reason": finish_reason_json(result, item.params),
+        "prompt_tokens": len(item.prompt_ids),
+        "completion_tokens": n,
+        "cached_tokens": 0,
+        "e2e_latency": seconds,
+        "weight_version": weight_version,
+        "weight_versions": [{"version": weight_version, "start": 0, "end": n}],
+    }
+    logps = result.log_probs.tolist()
+    if item.return_logprob:
+        meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(logps, ids)]
+        meta["output_token_logprobs_length"] = n
+    if item.return_sampling_mask:
+        if result.kept_token_ids is not None:
+            masks = [k.tolist() for k in result.kept_token_ids]
+        else:
+            masks = [list(range(vocab_size)) for _ in ids]
+        meta["output_token_sampling_mask"] = masks
+        meta["output_token_sampling_logprobs"] = logps
+        meta["output_token_sampling_mask_length"] = len(masks)
+    return {"text": text, "output_ids": ids, "meta_info": meta}
+
+
+def abort_response(item: GenerateItem, message: str, *, weight_version: str) -> dict:
+    """The answer for a request aborted before it ran: no tokens, `finish_reason` type abort."""
+    meta = {
+        "id": item.rid,
+        "finish_reason": {"type": "abort", "message": message, "status_code": None, "err_type": None},
+        "prompt_tokens": len(item.prompt_ids),
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "weight_version": weight_version,
+        "weight_versions": [{"version": weight_version, "start": 0, "end": 0}],
+    }
+    if item.return_logprob:
+        meta["output_token_logprobs"] = []
+    return {"text": "", "output_ids": [], "meta_info": meta}

@@ -1,0 +1,254 @@
+"""`/generate` over real HTTP against one `grpolab serve` (tiny-qwen3): SGLang's contract, batching,
+bitwise agreement with the in-process engine, and the 400s SGLang gives."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from serving import start_server, stop_server
+
+from grpolab.core.engine.base import GenerationRequest, SamplingParams
+from grpolab.core.engine.torch_engine import TorchEngine
+
+EOS = 2  # tiny-qwen3's eos (generation_config.json)
+PROMPTS = [[1, 17, 33, 5], [9, 8], [100, 200, 300]]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    s = start_server(tiny_model_dir)
+    yield s
+    assert stop_server(s) in (0, -signal.SIGTERM)  # uvicorn re-raises the SIGTERM it handled
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return TorchEngine(tiny_model_dir, show_progress=False)
+
+
+def generate(server, contract, body: dict):
+    """POST /generate after checking the body against SGLang's GenerateRequest; check every answer
+    against GenerateResponse; return the answer."""
+    contract.GenerateRequest.from_json_value(body)
+    ans = server.call("/generate", body)
+    assert ans.status == 200, ans.text
+    for one in ans.body if isinstance(ans.body, list) else [ans.body]:
+        contract.GenerateResponse.from_json_value(one)
+    return ans.body
+
+
+def stats(server) -> dict:
+    return server.call("/server_info").body["internal_states"][0]
+
+
+def test_single_response_shape(server, contract):
+    body = {
+        "input_ids": PROMPTS[0],
+        "sampling_params": {
+            "max_new_tokens": 6,
+            "temperature": 1.0,
+            "sampling_seed": 5,
+            "stop_token_ids": [EOS],
+        },
+        "return_logprob": True,
+        "rid": "r-single",
+    }
+    out = generate(server, contract, body)
+    meta = out["meta_info"]
+    n = len(out["output_ids"])
+    assert 1 <= n <= 6 and meta["completion_tokens"] == n and meta["prompt_tokens"] == 4
+    assert meta["id"] == "r-single"
+    assert [t[1] for t in meta["output_token_logprobs"]] == out["output_ids"]
+    assert all(t[2] is None and t[0] <= 0 for t in meta["output_token_logprobs"])
+    if meta["finish_reason"]["type"] == "stop":
+        assert meta["finish_reason"]["matched"] == EOS == out["output_ids"][-1]
+    else:
+        assert meta["finish_reason"] == {"type": "length", "length": 6}
+    assert meta["weight_version"] == "default"
+    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": n}]
+
+
+def test_batch_and_sampling_mask(server, contract, engine):
+    """A batch request: one answer per prompt, in order; top-k 5 masks hold 5 ids with the token in them."""
+    params = {"max_new_tokens": 4, "top_k": 5, "ignore_eos": True, "sampling_seed": 11}
+    out = generate(
+        server, contract,
+        {"input_ids": PROMPTS, "sampling_params": params, "return_logprob": True, "return_sampling_mask": True,
+         "rid": "b"},
+    )  # fmt: skip
+    assert [o["meta_info"]["id"] for o in out] == ["b_0", "b_1", "b_2"]
+    for o in out:
+        masks = o["meta_info"]["output_token_sampling_mask"]
+        assert o["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+        assert len(masks) == 4 and all(len(m) == 5 and t in m for m, t in zip(masks, o["output_ids"]))
+        lps = [t[0] for t in o["meta_info"]["output_token_logprobs"]]
+        assert o["meta_info"]["output_token_sampling_logprobs"] == lps
+    # the in-process engine, same seed for the three (one dict for all), same batch: bitwise
+    reqs = [GenerationRequest(prompt_ids=p, seed=11) for p in PROMPTS]
+    local = engine.generate(reqs, SamplingParams(top_k=5, max_new_tokens=4))
+    for o, r in zip(out, local):
+        assert o["output_ids"] == r.response_ids
+        assert [m for m in o["meta_info"]["output_token_sampling_mask"]] == [
+            k.tolist() for k in r.kept_token_ids
+        ]
+
+
+@pytest.mark.parametrize("seed", [0, 1234567, -5])
+def test_bitwise_equal_to_in_process_engine(server, contract, engine, seed):
+    """Same prompt, seed and settings: the server's tokens and float32 log-probs equal the engine's."""
+    body = {
+        "input_ids": PROMPTS[1],
+        "sampling_params": {"max_new_tokens": 12, "temperature": 0.8, "top_p": 0.9, "sampling_seed": seed},
+        "return_logprob": True,
+    }
+    out = generate(server, contract, body)
+    (ref,) = engine.generate(
+        [GenerationRequest(prompt_ids=PROMPTS[1], seed=seed)],
+        SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=12, stop_token_ids=(EOS,)),
+    )
+    assert out["output_ids"] == ref.response_ids
+    served = torch.tensor([t[0] for t in out["meta_info"]["output_token_logprobs"]], dtype=torch.float32)
+    assert torch.equal(served, ref.log_probs)
+    assert out["meta_info"]["finish_reason"]["type"] == ref.finish_reason
+
+
+def test_greedy_is_temperature_zero(server, contract, engine):
+    body = {
+        "input_ids": PROMPTS[2],
+        "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True},
+    }
+    out = generate(server, contract, body)
+    (ref,) = engine.generate(
+        [GenerationRequest(prompt_ids=PROMPTS[2], seed=0)], SamplingParams(top_k=1, max_new_tokens=5)
+    )
+    assert out["output_ids"] == ref.response_ids
+
+
+def _send_concurrently(server, contract, bodies: list[dict]) -> list:
+    answers: list = [None] * len(bodies)
+
+    def one(i: int) -> None:
+        answers[i] = generate(server, contract, bodies[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    return answers, threads
+
+
+def _wait_for(server, key: str, value: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while stats(server)[key] != value:
+        assert time.monotonic() < deadline, f"{key} never reached {value}: {stats(server)}"
+        time.sleep(0.02)
+
+
+def test_concurrent_requests_share_one_decode(server, contract):
+    """Eight single requests queued while paused run as one batch (one engine.generate call); while
+    they wait, /flush_cache and /release_memory_occupation refuse."""
+    assert server.call("/pause_generation", {"mode": "in_place"}).status == 200
+    before = stats(server)
+    bodies = [
+        {
+            "input_ids": [i + 1, 7],
+            "sampling_params": {"max_new_tokens": 3, "sampling_seed": i},
+            "rid": f"c{i}",
+        }
+        for i in range(8)
+    ]
+    answers, threads = _send_concurrently(server, contract, bodies)
+    _wait_for(server, "waiting_requests", 8)
+    flush = server.call("/flush_cache", {})
+    assert flush.status == 400 and "8 waiting" in flush.text
+    release = server.call("/release_memory_occupation", {"tags": ["weights"]})
+    assert release.status == 400 and "idle" in release.body["error"]["message"]
+    assert server.call("/continue_generation", {}).status == 200
+    for t in threads:
+        t.join(60)
+    after = stats(server)
+    assert after["batches"] - before["batches"] == 1
+    assert after["recent_batch_sizes"][-1] == 8
+    assert [a["meta_info"]["id"] for a in answers] == [f"c{i}" for i in range(8)]
+
+
+def test_requests_arriving_during_a_batch_join_the_next(server, contract):
+    before = stats(server)
+    long = {
+        "input_ids": [5, 6],
+        "sampling_params": {"max_new_tokens": 100, "ignore_eos": True, "sampling_seed": 1},
+    }
+    first, t_first = _send_concurrently(server, contract, [long])
+    _wait_for(server, "running_requests", 1)
+    bodies = [{"input_ids": [i + 3], "sampling_params": {"max_new_tokens": 2}} for i in range(3)]
+    rest, t_rest = _send_concurrently(server, contract, bodies)
+    for t in t_first + t_rest:
+        t.join(120)
+    after = stats(server)
+    assert after["recent_batch_sizes"][-2:] == [1, 3]
+    assert after["batches"] - before["batches"] == 2
+    assert len(first[0]["output_ids"]) == 100 and all(len(r["output_ids"]) == 2 for r in rest)
+
+
+def test_abort_a_queued_request(server, contract):
+    assert server.call("/pause_generation", {"mode": "retract"}).status == 200
+    answers, threads = _send_concurrently(
+        server, contract, [{"input_ids": [3, 4], "rid": "to-abort", "return_logprob": True}]
+    )
+    _wait_for(server, "waiting_requests", 1)
+    abort = {"rid": "to-abort"}
+    contract.AbortRequest.from_json_value(abort)
+    ans = server.call("/abort_request", abort)
+    assert ans.status == 200 and ans.text == ""
+    threads[0].join(30)
+    assert server.call("/continue_generation", {}).status == 200
+    meta = answers[0]["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and answers[0]["output_ids"] == []
+
+
+def test_pause_abort_mode_aborts_the_queue(server, contract):
+    assert server.call("/pause_generation", {"mode": "in_place"}).status == 200
+    answers, threads = _send_concurrently(server, contract, [{"input_ids": [3]}, {"input_ids": [4]}])
+    _wait_for(server, "waiting_requests", 2)
+    assert server.call("/pause_generation", {}).status == 200  # SGLang's default mode: abort
+    for t in threads:
+        t.join(30)
+    assert [a["meta_info"]["finish_reason"]["type"] for a in answers] == ["abort", "abort"]
+    assert server.call("/continue_generation", {}).status == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        ({"sampling_params": {"max_new_tokens": 2}}, "Either text, input_ids or input_embeds should be provided."),
+        ({"input_ids": [1], "sampling_params": {"max_new_tokens": 2, "bogus": 1}}, "unknown field `bogus`"),
+        ({"input_ids": [1], "sampling_params": {"temperature": "hot"}}, 'invalid type: string "hot", expected f64'),
+        ({"input_ids": [1], "sampling_params": {"top_k": 0}}, "top_k must be -1 (disable) or at least 1, got 0."),
+        ({"input_ids": [1], "sampling_params": {"repetition_penalty": 1.3}}, "does not support sampling_params.repetition_penalty"),
+        ({"input_ids": [1], "stream": True}, "does not support stream"),
+        ({"input_ids": [[1], [2]], "sampling_params": [{}]}, "sampling_params has 1 entries for a batch of 2"),
+    ],
+)  # fmt: skip
+def test_bad_requests_are_400_with_error(server, contract, body, expect):
+    ans = server.call("/generate", body)
+    assert ans.status == 400, ans.text
+    err = ans.body["error"]
+    message = err if isinstance(err, str) else err["message"]
+    assert expect in message
+    if isinstance(err, str):  # the contract gate: SGLang's own decoder refuses it with the same text
+        with pytest.raises(contract.JsonContractError, match="unknown field|invalid type"):
+            contract.GenerateRequest.from_json_value(body)
+        try:
+            contract.GenerateRequest.from_json_value(body)
+        except contract.JsonContractError as e:
+            assert str(e) == message
+
+
+def test_text_prompt_and_not_json(server, contract):
+    out = generate(server, contract, {"text": "1 + 1 =", "sampling_params": {"max_new_tokens": 2}})
+    assert out["meta_info"]["prompt_tokens"] > 0 and len(out["output_ids"]) >= 1
+    ans = server.call("/generate", None, method="POST")
+    assert ans.status == 400 and "Either text, input_ids" in ans.body["error"]["message"]

@@ -1,0 +1,48 @@
+"""`grpolab serve` bad input: exit 2 with a message naming the flag, before any model loads."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from grpolab.cli import main
+from grpolab.serve.command import is_loopback
+
+
+def test_port_in_use_is_exit_2_naming_the_port(tiny_model_dir, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"--port {port} on 127.0.0.1 cannot be bound" in err and "in use" in err
+
+
+def test_missing_checkpoint_is_exit_2(tmp_path, capsys):
+    assert main(["serve", "--hf-checkpoint", str(tmp_path / "nope"), "--port", "0"]) == 2
+    assert f"--hf-checkpoint: {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["serve", "--hf-checkpoint", str(tmp_path / "empty"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"grpolab serve: error: --hf-checkpoint: {tmp_path / 'empty'} ")
+
+
+def test_non_loopback_host_needs_api_key(tiny_model_dir, capsys):
+    assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--host", "0.0.0.0"]) == 2
+    assert "--host 0.0.0.0 is not a loopback address; it needs --api-key" in capsys.readouterr().err
+
+
+def test_missing_flag_and_bad_dtype(tiny_model_dir, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["serve"])
+    assert e.value.code == 2 and "--hf-checkpoint" in capsys.readouterr().err
+    assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--port", "0", "--dtype", "int3"]) == 2
+    assert "--dtype" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("host", "loop"), [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True),
+                                            ("localhost", True), ("0.0.0.0", False), ("10.1.2.3", False)])  # fmt: skip
+def test_is_loopback(host, loop):
+    assert is_loopback(host) is loop
