@@ -28,7 +28,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p = sub.add_parser(
         "serve",
         help="serve the torch engine over SGLang's HTTP API (/generate, weight updates, ...)",
-        description="Serve --hf-checkpoint with grpolab's torch engine behind SGLang 0.5.23's native HTTP API.",
+        description="Serve --hf-checkpoint with grpolab's torch engine behind SGLang 0.5.23's HTTP API.",
         allow_abbrev=False,
     )
     p.add_argument("--hf-checkpoint", required=True, help="model directory (save_pretrained) or .gguf file")

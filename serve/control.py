@@ -40,7 +40,8 @@ async def flush_cache(state: ServerState, request: Request) -> Response:
     busy = state.batcher.running + state.batcher.waiting
     if busy:
         return Response(
-            f"Flush cache failed: {state.batcher.running} running and {state.batcher.waiting} waiting requests.\n",
+            f"Flush cache failed: {state.batcher.running} running and "
+            f"{state.batcher.waiting} waiting requests.\n",
             status_code=400,
         )
     await state.batcher.exclusive(state.engine.flush_cache)

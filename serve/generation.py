@@ -61,7 +61,7 @@ async def generate(state: ServerState, request: Request) -> Response:
         out = await run_items(state, items)
     except RequestError as e:
         return JSONResponse(e.body, status_code=400)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:  # memory released, or the engine refused the batch
         return error_response(str(e))
     return JSONResponse(out if batch else out[0])
 
@@ -69,7 +69,7 @@ async def generate(state: ServerState, request: Request) -> Response:
 async def health(state: ServerState, request: Request) -> Response:
     """200 when the engine answers: a busy, paused or released server is alive without generating;
     an idle one must produce one greedy token on `input_ids=[0]` within 20 s, else 503."""
-    engine_health = await state.batcher.on_engine_thread(state.engine.health)
+    engine_health = state.engine.health()  # reads flags only: safe beside a running decode
     if not engine_health.ok:
         return Response(f"engine not ok: {engine_health.detail}\n", status_code=503)
     if state.batcher.running or state.batcher.paused or state.released:

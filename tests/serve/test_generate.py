@@ -75,11 +75,8 @@ def test_single_response_shape(server, contract):
 def test_batch_and_sampling_mask(server, contract, engine):
     """A batch request: one answer per prompt, in order; top-k 5 masks hold 5 ids with the token in them."""
     params = {"max_new_tokens": 4, "top_k": 5, "ignore_eos": True, "sampling_seed": 11}
-    out = generate(
-        server, contract,
-        {"input_ids": PROMPTS, "sampling_params": params, "return_logprob": True, "return_sampling_mask": True,
-         "rid": "b"},
-    )  # fmt: skip
+    body = {"input_ids": PROMPTS, "sampling_params": params, "rid": "b"}
+    out = generate(server, contract, {**body, "return_logprob": True, "return_sampling_mask": True})
     assert [o["meta_info"]["id"] for o in out] == ["b_0", "b_1", "b_2"]
     for o in out:
         masks = o["meta_info"]["output_token_sampling_mask"]
@@ -223,15 +220,30 @@ def test_pause_abort_mode_aborts_the_queue(server, contract):
 @pytest.mark.parametrize(
     ("body", "expect"),
     [
-        ({"sampling_params": {"max_new_tokens": 2}}, "Either text, input_ids or input_embeds should be provided."),
-        ({"input_ids": [1], "sampling_params": {"max_new_tokens": 2, "bogus": 1}}, "unknown field `bogus`"),
-        ({"input_ids": [1], "sampling_params": {"temperature": "hot"}}, 'invalid type: string "hot", expected f64'),
-        ({"input_ids": [1], "sampling_params": {"top_k": 0}}, "top_k must be -1 (disable) or at least 1, got 0."),
-        ({"input_ids": [1], "sampling_params": {"repetition_penalty": 1.3}}, "does not support sampling_params.repetition_penalty"),
+        (
+            {"sampling_params": {"max_new_tokens": 2}},
+            "Either text, input_ids or input_embeds should be provided.",
+        ),
+        ({"input_ids": [1], "sampling_params": {"bogus": 1}}, "unknown field `bogus`"),
+        (
+            {"input_ids": [1], "sampling_params": {"temperature": "hot"}},
+            'invalid type: string "hot", expected f64',
+        ),
+        (
+            {"input_ids": [1], "sampling_params": {"top_k": 0}},
+            "top_k must be -1 (disable) or at least 1, got 0.",
+        ),
+        (
+            {"input_ids": [1], "sampling_params": {"repetition_penalty": 1.3}},
+            "sampling_params.repetition_penalty",
+        ),
         ({"input_ids": [1], "stream": True}, "does not support stream"),
-        ({"input_ids": [[1], [2]], "sampling_params": [{}]}, "sampling_params has 1 entries for a batch of 2"),
+        (
+            {"input_ids": [[1], [2]], "sampling_params": [{}]},
+            "sampling_params has 1 entries for a batch of 2",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_are_400_with_error(server, contract, body, expect):
     ans = server.call("/generate", body)
     assert ans.status == 400, ans.text

@@ -42,7 +42,10 @@ def test_missing_flag_and_bad_dtype(tiny_model_dir, capsys):
     assert "--dtype" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("host", "loop"), [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True),
-                                            ("localhost", True), ("0.0.0.0", False), ("10.1.2.3", False)])  # fmt: skip
+LOOPBACK = [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True)]
+OTHER = [("0.0.0.0", False), ("10.1.2.3", False)]
+
+
+@pytest.mark.parametrize(("host", "loop"), LOOPBACK + OTHER)
 def test_is_loopback(host, loop):
     assert is_loopback(host) is loop
