@@ -12,6 +12,12 @@ rank only, a genuine hang, or an engine that stops under a live trainer. These a
 | `raise_in_train`         | `train`              | raise `InjectedFault` (a `RuntimeError`) on that rank only    |
 | `sleep_forever_at_end`   | `end_of_rollout`     | `time.sleep(3600)` in a loop forever, in `sleep_forever_injected` |
 | `stop_engine_at_end`     | `end_of_rollout`     | call the `on_stop_engine` callback (the engine shutdown)      |
+| `skip_weight_sync`       | `weight_sync`        | returned to the loop, which skips the sync after the rollout  |
+|                          |                      | but counts its version as acknowledged (a lost update)        |
+
+`skip_weight_sync` makes a stale engine: it keeps generating with the weights of the sync before, while
+the trainer believes the engine holds the new version, so the weight-version check
+(checkers/weight_version.py) must fail the next rollout, naming the sample and both versions.
 
 Each action announces itself first with `[grpolab fault] injecting <action> on rank R at rollout N`
 on stderr (every rank) and, where the `grpolab` logger has handlers (a run), in console.log too (at
@@ -21,7 +27,7 @@ warning level, so ranks other than 0, whose logger keeps warnings only, do not d
 Validation is strict like Miles' pydantic model: unknown fields, wrong types (a bool is not an
 int), a missing field or malformed JSON raise `ValueError` naming `--ci-ft-test-actions`, the item
 index and the field. Differences from Miles: no FT cells (Miles' `stop_cell_at_end` /
-`start_cell_at_end`, `cell_index`, `attempt` are rejected with that reason), and three actions of ours.
+`start_cell_at_end`, `cell_index`, `attempt` are rejected with that reason), and four actions of ours.
 """
 
 from __future__ import annotations
@@ -38,12 +44,13 @@ from typing import Any, NoReturn
 FLAG = "--ci-ft-test-actions"
 NOTICE_PREFIX = "[grpolab fault] injecting "
 """How the line announcing a fault starts (the log doctor's `fault_injected` rule looks for it)."""
-FAULT_POINTS = ("before_allreduce", "train", "end_of_rollout")
+FAULT_POINTS = ("before_allreduce", "train", "end_of_rollout", "weight_sync")
 ACTION_POINTS = {
     "crash_before_allreduce": "before_allreduce",
     "raise_in_train": "train",
     "sleep_forever_at_end": "end_of_rollout",
     "stop_engine_at_end": "end_of_rollout",
+    "skip_weight_sync": "weight_sync",
 }
 # Actions after which the rank does not carry on normally; at one point they fire after the others.
 _TERMINAL = {"crash_before_allreduce", "raise_in_train", "sleep_forever_at_end"}
@@ -241,6 +248,9 @@ class FaultInjector:
 
     def maybe_fire(self, point: str, rollout_id: int) -> list[FaultAction]:
         """Fire this rank's actions due at `point` of rollout `rollout_id`; return those that returned.
+
+        At `weight_sync` the caller acts on what is returned: `skip_weight_sync` means "do not send
+        this rollout's weights, count the version as acknowledged".
 
         Raises:
             ValueError: `point` is not one of `FAULT_POINTS`.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from grpolab.checkers import grad_norm, kl, logprobs, model_hash, numeric_guard, weight_update
+from grpolab.checkers import grad_norm, kl, logprobs, model_hash, numeric_guard, weight_update, weight_version
 from grpolab.checkers.errors import CheckFailure
 from grpolab.checkers.metric import MetricChecker
 from grpolab.core.atomic import atomic_write_json
@@ -102,6 +102,28 @@ class CheckHarness:
             )
         self._run("weight_update", lambda: weight_update.check_weight_update(checkable, sync))
         log.info("weight-update checker: every engine tensor equals the trainer's after the first sync")
+
+    def after_generate(
+        self, rollout_id: int, samples: list[Sample], acknowledged: int, gather: Callable[[list], list]
+    ) -> None:
+        """Weight-version check of this rank's generated samples, in every run from its first sync on
+        (on-policy: one sync per rollout). `gather` concatenates every rank's list (one collective), so
+        every rank fails together.
+
+        Raises:
+            CheckFailure: a sample was generated with another version than `acknowledged`.
+        """
+        ranks = gather([(len(samples), weight_version.find_stale(samples, acknowledged))])
+        stale = [s for _, rank_stale in ranks for s in rank_stale]
+        total = sum(n for n, _ in ranks)
+        self._run(
+            "weight_version",
+            lambda: weight_version.check_weight_versions(
+                stale, rollout_id=rollout_id, acknowledged=acknowledged, total=total
+            ),
+            rollout_id=rollout_id,
+            weight_version=acknowledged,
+        )
 
     def after_advantages(self, rollout_id: int, samples: list[Sample]) -> None:
         """GRPO numeric guard: warn, and under --ci-test fail."""

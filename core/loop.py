@@ -49,6 +49,7 @@ class RunState:
     next_rollout_id: int = 0
     weight_version: int = 0
     resumed: bool = False
+    engine_version: int | None = None  # acknowledged at the last sync; None before one (not checkpointed)
 
 
 class GRPORun:
@@ -181,6 +182,8 @@ class GRPORun:
         """This rank's samples, generated (or replayed); then the engine's memory goes to the trainer."""
         self.run_dir.heartbeat("rollout", rollout_id)
         samples = self.producer.rollout(rollout_id)
+        if self.producer.replayer is None and self.state.engine_version is not None:  # generated, synced
+            self.harness.after_generate(rollout_id, samples, self.state.engine_version, self._gather)
         self.colocation.after_rollout()
         return samples
 
@@ -272,6 +275,9 @@ class GRPORun:
         """The device goes back to the engine, which receives the trainer's new weights."""
         self.colocation.before_sync()
         self.run_dir.heartbeat("update_weights", rollout_id)
+        if self.faults.maybe_fire("weight_sync", rollout_id) and self.state.engine_version is not None:
+            self.state.weight_version = self.state.engine_version = self.state.weight_version + 1  # lost
+            return
         self._sync_weights()
 
     def _report(
@@ -337,7 +343,7 @@ class GRPORun:
             stats = sync_weights(
                 self.actor.named_weights(), self.engine, weight_version=version, buffer_bytes=buffer
             )
-            self.state.weight_version = version
+            self.state.weight_version = self.state.engine_version = stats.weight_version
         self.run_dir.event("weight_update", weight_version=version, buckets=stats.buckets, bytes=stats.bytes)
 
     def _record_fault(self, action: FaultAction, rollout_id: int) -> None:
