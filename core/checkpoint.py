@@ -2,28 +2,45 @@
 
 An iteration directory holds the policy weights (safetensors), optimizer and scheduler state and
 RNG state (`torch.save`, read back with `weights_only=True`), and `trainer_state.json` (next
-rollout id, data position, weight version, model fingerprint). It is written under a temporary
-name and renamed into place, then `latest_checkpointed_iteration.txt` is replaced atomically, so
-a crash mid-save never leaves a half checkpoint that `--load` would pick.
+rollout id, data position, weight version, model fingerprint, the data's identity). It is written
+under a temporary name (`.iter_<N>.<pid>@<host>.<random>`) and renamed into place, then
+`latest_checkpointed_iteration.txt` is replaced atomically, so a crash mid-save never leaves a half
+checkpoint that `--load` would pick. The temporary folder a killed save leaves behind is removed by
+the next save or load of the same directory (`remove_stale_temps`), which logs what it removed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import random
+import re
+import secrets
 import shutil
-import tempfile
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from grpolab.core.actor import Actor
 from grpolab.core.atomic import atomic_write_bytes
+from grpolab.core.data_identity import DataIdentity, identity_differences
 from grpolab.core.dist import barrier
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+log = logging.getLogger("grpolab")
+TEMP_NAME = re.compile(r"^\.iter_\d+\.(?:(?P<pid>\d+)@(?P<host>.+)\.[0-9a-f]{8}|[A-Za-z0-9_]+)$")
+"""A save's temporary folder: `.iter_<N>.<pid>@<host>.<8 hex>`, or `.iter_<N>.<random>` as
+`tempfile.mkdtemp` named them before the owner was recorded."""
+FOREIGN_TEMP_STALE_S = 3600.0
+"""A temporary folder written from another host counts as abandoned when nothing in it changed for
+this long (seconds); its pid cannot be checked from here. An hour: far longer than a save, which
+writes its files without pause."""
 
 
 class CheckpointError(ValueError):
@@ -38,6 +55,8 @@ class TrainerState:
     data_position: int
     weight_version: int
     model_fingerprint: str
+    data_identity: dict[str, Any] | None = None
+    """`DataIdentity.to_dict()` of the run that saved it; None in checkpoints from before it was stored."""
 
 
 def iteration_dir(parent: str | Path, next_rollout_id: int) -> Path:
@@ -50,6 +69,8 @@ def save_checkpoint(parent: str | Path, actor: Actor, state: TrainerState) -> Pa
 
     Multi-rank: every rank calls it (gathering weights and optimizer state are collectives); rank 0
     writes full tensors, so a checkpoint loads at any world size with the same optimizer layout.
+    Folders and files get the usual permissions (0777/0666 less the umask). Temporary folders that
+    earlier, killed saves left in `parent` are removed first (`remove_stale_temps`).
     """
     parent = Path(parent)
     final = iteration_dir(parent, state.next_rollout_id)
@@ -59,7 +80,9 @@ def save_checkpoint(parent: str | Path, actor: Actor, state: TrainerState) -> Pa
         barrier(actor.dist)  # rank 0 writes; return once the directory is in place
         return final
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{final.name}."))
+    remove_stale_temps(parent)
+    tmp = parent / f".{final.name}.{os.getpid()}@{socket.gethostname()}.{secrets.token_hex(4)}"
+    tmp.mkdir()  # mode 0777 less the umask, like every other folder (tempfile.mkdtemp makes 0700)
     try:
         save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
         if optimizer_state is not None and actor.scheduler is not None:
@@ -70,6 +93,7 @@ def save_checkpoint(parent: str | Path, actor: Actor, state: TrainerState) -> Pa
             rng["cuda"] = torch.cuda.get_rng_state_all()
         torch.save(rng, tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(state.__dict__, indent=2) + "\n")
+        _usual_file_permissions(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -79,6 +103,67 @@ def save_checkpoint(parent: str | Path, actor: Actor, state: TrainerState) -> Pa
     atomic_write_bytes(parent / LATEST_FILE, f"{state.next_rollout_id}\n".encode())
     barrier(actor.dist)
     return final
+
+
+def _usual_file_permissions(folder: Path) -> None:
+    """Give the files in `folder` mode 0666 less the umask (safetensors writes 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~mask)
+
+
+def remove_stale_temps(parent: str | Path) -> list[tuple[str, int]]:
+    """Remove the temporary folders of saves that never finished from `parent`; log each one.
+
+    A folder is stale when its owner is known to be gone: its pid is not alive on this host (or is
+    this process, which saves one checkpoint at a time), it was written from another host and
+    unchanged for `FOREIGN_TEMP_STALE_S`, or its name records no owner (grpolab before the owner
+    was recorded). A folder still being written by a live save is kept and said so.
+
+    Returns:
+        (name, bytes) of each folder removed.
+    """
+    removed = []
+    for path in sorted(Path(parent).glob(".iter_*")):
+        match = TEMP_NAME.match(path.name)
+        if match is None or not path.is_dir():
+            continue
+        owner = _live_owner(path, match)
+        if owner is not None:
+            log.info(f"checkpoint: kept {path.name} in {parent}: a save is still writing it ({owner})")
+            continue
+        size = directory_bytes(path)
+        shutil.rmtree(path, ignore_errors=True)
+        log.info(
+            f"checkpoint: removed {path.name} ({size / 1e6:.1f} MB) from {parent}, left by a save that did not finish"
+        )
+        removed.append((path.name, size))
+    return removed
+
+
+def _live_owner(path: Path, match: re.Match[str]) -> str | None:
+    """Who is still writing a temporary folder (a phrase), or None when its save is over."""
+    if match["pid"] is None:
+        return None
+    pid, host = int(match["pid"]), match["host"]
+    if host != socket.gethostname():
+        age = time.time() - max([path.stat().st_mtime] + [p.stat().st_mtime for p in path.rglob("*")])
+        return f"host {host}, changed {age:.0f} s ago" if age < FOREIGN_TEMP_STALE_S else None
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, owned by another user
+    return f"pid {pid} on this host is alive"
+
+
+def directory_bytes(path: str | Path) -> int:
+    """Total size in bytes of the files under `path` (0 for a missing folder)."""
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
 def find_latest(parent: str | Path) -> Path | None:
@@ -110,29 +195,45 @@ def find_latest(parent: str | Path) -> Path | None:
     return path
 
 
-def load_checkpoint(path: str | Path, actor: Actor, *, model_fingerprint: str) -> TrainerState:
+def load_checkpoint(
+    path: str | Path,
+    actor: Actor,
+    *,
+    model_fingerprint: str,
+    data: DataIdentity,
+    allow_data_change: bool = False,
+) -> TrainerState:
     """Restore weights, optimizer, scheduler and RNG into `actor`; return the counters.
+
+    `data` is this run's prompt stream; a checkpoint saved with another one is refused unless
+    `allow_data_change` (`--allow-data-change`), which logs a warning instead (`check_data`).
 
     Raises:
         CheckpointError: the checkpoint was made from another model (fingerprint or tensor
-            names/shapes differ), or one of its files is missing or unreadable (names the file).
+            names/shapes differ) or, without `allow_data_change`, with other data (names each
+            differing field), or one of its files is missing or unreadable (names the file).
     """
     path = Path(path)
     try:
-        return _load_checkpoint(path, actor, model_fingerprint=model_fingerprint)
+        return _load_checkpoint(
+            path, actor, model_fingerprint=model_fingerprint, data=data, allow_data_change=allow_data_change
+        )
     except CheckpointError:
         raise
     except Exception as e:  # truncated safetensors, empty .pt, edited json: say which checkpoint
         raise CheckpointError(f"--load: {path} is unreadable ({type(e).__name__}: {e})") from e
 
 
-def _load_checkpoint(path: Path, actor: Actor, *, model_fingerprint: str) -> TrainerState:
+def _load_checkpoint(
+    path: Path, actor: Actor, *, model_fingerprint: str, data: DataIdentity, allow_data_change: bool
+) -> TrainerState:
     state = TrainerState(**json.loads((path / "trainer_state.json").read_text()))
     if state.model_fingerprint != model_fingerprint:
         raise CheckpointError(
             f"--load: {path} was saved from another model (model fingerprint {state.model_fingerprint} != "
             f"{model_fingerprint} of --hf-checkpoint)"
         )
+    check_data(path, state, data, allow_change=allow_data_change)
     weights = load_file(path / "model.safetensors")
     own = dict(actor.named_weights())
     missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
@@ -158,6 +259,44 @@ def _load_checkpoint(path: Path, actor: Actor, *, model_fingerprint: str) -> Tra
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     return state
+
+
+def check_data(path: Path, state: TrainerState, data: DataIdentity, *, allow_change: bool) -> None:
+    """Compare the data identity stored in a checkpoint with this run's.
+
+    A checkpoint without one (saved before it was stored) loads with a warning; a matching one
+    whose file moved loads with a note.
+
+    Raises:
+        CheckpointError: the prompt order differs (names each field, the saved and the new value)
+            and `allow_change` is False; with it, a warning is logged instead.
+    """
+    saved = state.data_identity
+    if not isinstance(saved, dict):
+        log.warning(
+            f"warning: --load: {path} records no data identity (saved by an older grpolab), so whether "
+            "--prompt-data, --rollout-batch-size, --seed and --rollout-shuffle match the run that saved it "
+            "cannot be checked"
+        )
+        return
+    differences = identity_differences(saved, data)
+    if not differences:
+        if saved.get("prompt_data") != data.prompt_data:
+            log.info(
+                f"--load: --prompt-data {data.prompt_data} has the content of {saved.get('prompt_data')}"
+            )
+        return
+    what = "; ".join(differences)
+    if not allow_change:
+        raise CheckpointError(
+            f"--load: {path} was saved with other data ({what}); resuming would skip or repeat prompts "
+            f"from rollout {state.next_rollout_id} on. Use the run's own data and flags, or pass "
+            "--allow-data-change to resume anyway"
+        )
+    log.warning(
+        f"warning: --load: {path} was saved with other data ({what}); --allow-data-change: resuming "
+        f"anyway, so rollouts from {state.next_rollout_id} on read other prompts than the saved run would have"
+    )
 
 
 def _as_random_state(state: object) -> tuple:

@@ -29,15 +29,16 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def check_on_this_machine(config: Config) -> None:
-    """Check what the config names on this machine: the `--device` and the checkpoint paths.
+    """Check what the config names on this machine: the `--device`, `--run-dir` and the checkpoint paths.
 
     These are facts about the machine, not about the run, so `Config` does not check them: a GPU
     run's run.json, or one whose `--load` directory lives on another host, must read back here.
     Imports torch only for a CUDA device.
 
     Raises:
-        ValueError: a CUDA `--device` on a torch build or machine without CUDA; `--save` naming a
-            file or a path under one; `--load` naming no directory (each message names the flag).
+        ValueError: a CUDA `--device` on a torch build or machine without CUDA; `--run-dir` or
+            `--save` naming a file or a path under one; `--load` naming no directory (each message
+            names the flag).
     """
     device = config.model.device
     if device.startswith("cuda"):
@@ -45,9 +46,11 @@ def check_on_this_machine(config: Config) -> None:
 
         if not torch.cuda.is_available():
             raise ValueError(f"--device {device}: this torch build or machine has no CUDA device")
+    if config.run.run_dir is not None:
+        _check_can_hold_directory(Path(config.run.run_dir), "--run-dir", "")
     save, load = config.checkpoint.save, config.checkpoint.load
     if save is not None:
-        _check_can_hold_directory(Path(save), "--save")
+        _check_can_hold_directory(Path(save), "--save", " for checkpoints")
     if load is not None and not Path(load).is_dir():
         raise ValueError(
             f"--load {load}: no such directory (give the --save directory of a run; "
@@ -55,8 +58,11 @@ def check_on_this_machine(config: Config) -> None:
         )
 
 
-def _check_can_hold_directory(path: Path, flag: str) -> None:
+def _check_can_hold_directory(path: Path, flag: str, purpose: str) -> None:
     """`path` is a directory, or can become one: its nearest existing ancestor is a directory.
+
+    `purpose` ends the message: "--save X: is a file; expected a directory for checkpoints"; without
+    one, "--run-dir X is a file; expected a directory".
 
     Raises:
         ValueError: `path` exists and is not a directory (a file, /dev/null), or an ancestor is a file.
@@ -64,7 +70,7 @@ def _check_can_hold_directory(path: Path, flag: str) -> None:
     if path.exists():
         if not path.is_dir():
             what = "is a file" if path.is_file() else "exists and is not a directory"
-            raise ValueError(f"{flag} {path}: {what}; expected a directory for checkpoints")
+            raise ValueError(f"{flag} {path}{':' if purpose else ''} {what}; expected a directory{purpose}")
         return
     for parent in path.parents:
         if parent.exists():

@@ -34,7 +34,7 @@ from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
 from grpolab.core.launch import check_on_this_machine
 from grpolab.core.metrics import PhaseTimer, format_line, rollout_metrics, summary_row
-from grpolab.core.startup import build_parts, checkpoint_to_resume, open_run
+from grpolab.core.startup import build_parts, open_run, resume
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
 from grpolab.rundir.writer import CONSOLE_LOG_ONLY, RunDirectory, describe_exception
@@ -68,7 +68,7 @@ class GRPORun:
             on_fire=self._record_fault,
         )
         parts = build_parts(config, run_dir, self.dist, self.timer)
-        self.fingerprint, self.tokenizer = parts.fingerprint, parts.tokenizer
+        self.fingerprint, self.tokenizer, self.data = parts.fingerprint, parts.tokenizer, parts.data
         self.eval_sets, self.sampling = parts.eval_sets, parts.sampling
         self.harness.know_run(
             vocab_size=len(parts.tokenizer),
@@ -99,19 +99,12 @@ class GRPORun:
         return run
 
     def _maybe_resume(self) -> None:
-        latest = checkpoint_to_resume(self.cfg, self.actor, self.run_dir)
-        if latest is None or self.actor is None:
-            return
-        actor = self.actor
-        restored = checkpoint.load_checkpoint(latest, actor, model_fingerprint=self.fingerprint)
-        self.harness.after_load(latest, lambda: list(actor.local_named_weights()))
-        self.state = RunState(
-            next_rollout_id=restored.next_rollout_id, weight_version=restored.weight_version - 1, resumed=True
-        )
-        log.info(
-            f"--load {self.cfg.checkpoint.load}: resumed from {latest.name}, continuing at rollout {restored.next_rollout_id}"
-        )
-        self.run_dir.event("resume", found=True, path=str(latest), next_rollout_id=restored.next_rollout_id)
+        restored = resume(self.cfg, self.run_dir, self.harness, self.actor, self.fingerprint, self.data)
+        if restored is not None:
+            version = restored.weight_version - 1
+            self.state = RunState(
+                next_rollout_id=restored.next_rollout_id, weight_version=version, resumed=True
+            )
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> Path:
@@ -122,6 +115,8 @@ class GRPORun:
         gpu_sampler = start_run_sampler(self.run_dir.path, interval) if self.dist.is_primary else None
         try:
             log.info(f"grpolab train: run directory {self.run_dir.path}")
+            if self.state.resumed and self.state.next_rollout_id >= cfg.rollout.num_rollout:
+                return self._nothing_left()
             self.harness.first_sync(self.engine, self._sync_weights, resumed=self.state.resumed)
             self.run_dir.event("startup_sync", **self.timer.pop())
             for rollout_id in range(self.state.next_rollout_id, cfg.rollout.num_rollout):
@@ -160,6 +155,18 @@ class GRPORun:
                 gpu_sampler.stop()
             restore_sigterm(previous_handler)
         self.run_dir.finish("finished", rollouts=self.state.next_rollout_id)
+        shutdown(self.dist)
+        return self.run_dir.path
+
+    def _nothing_left(self) -> Path:
+        """End a run resumed from a checkpoint of its last rollout: no rollout, status finished."""
+        n, total = self.state.next_rollout_id, self.cfg.rollout.num_rollout
+        log.info(
+            f"--load {self.cfg.checkpoint.load}: the checkpoint is at rollout {n} of --num-rollout {total}; "
+            "nothing left to train"
+        )
+        self.run_dir.event("nothing_to_train", next_rollout_id=n, num_rollout=total)
+        self.run_dir.finish("finished", rollouts=n)
         shutdown(self.dist)
         return self.run_dir.path
 
@@ -265,11 +272,16 @@ class GRPORun:
             data_position=nxt * self.cfg.rollout.rollout_batch_size,
             weight_version=self.state.weight_version + 1,
             model_fingerprint=self.fingerprint,
+            data_identity=self.data.to_dict(),
         )
         with self.timer("save_model"):
+            start = time.perf_counter()
             path = checkpoint.save_checkpoint(ckpt.save, actor, state)
+            seconds = time.perf_counter() - start
             self.harness.after_checkpoint(path, lambda: list(actor.local_named_weights()))
-        self.run_dir.event("checkpoint", rollout_id=rollout_id, path=str(path))
+        size = checkpoint.directory_bytes(path) if self.dist.is_primary else 0
+        log.info(f"saved checkpoint {path.name} to {ckpt.save} ({size / 1e6:.1f} MB, {seconds:.1f} s)")
+        self.run_dir.event("checkpoint", rollout_id=rollout_id, path=str(path), bytes=size, seconds=seconds)
 
     def _sync(self, rollout_id: int) -> None:
         """The device goes back to the engine, which receives the trainer's new weights."""

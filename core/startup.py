@@ -4,7 +4,8 @@
 run.json first (rank 0 names it, every rank uses that name). `build_parts` builds what a run
 holds from its config: datasets, the engine (engine/factory.py; none with `--debug-train-only`),
 the trainer (none with `--debug-rollout-only`), the rollout producer, the rollout recorder and
-the colocation schedule. `checkpoint_to_resume` finds what `--load` resumes from. The loop (loop.py) runs the rest.
+the colocation schedule. `resume` restores what `--load` names (`checkpoint_to_resume` finds it). The loop
+(loop.py) runs the rest.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +23,7 @@ from grpolab.core.actor import Actor
 from grpolab.core.colocation import Colocation
 from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset
+from grpolab.core.data_identity import DataIdentity, data_identity
 from grpolab.core.dist import DistContext, all_gather_objects, barrier, init_distributed
 from grpolab.core.engine.base import RolloutEngine, SamplingParams
 from grpolab.core.engine.factory import build_engine
@@ -33,6 +35,9 @@ from grpolab.replay.recording import chat_template_hash, tokenizer_fingerprint
 from grpolab.replay.replayer import RolloutRecorder, RunIdentity
 from grpolab.rundir.writer import RunDirectory, setup_console_logging
 
+if TYPE_CHECKING:
+    from grpolab.checkers.harness import CheckHarness
+
 log = logging.getLogger("grpolab")
 
 
@@ -41,7 +46,11 @@ def open_run(config: Config, argv: list[str]) -> tuple[DistContext, RunDirectory
 
     Sets `config.run.run_dir` (default `runs/<time>-s<seed>`, rank 0's name on every rank) and, with
     `--debug-deterministic-collective`, deterministic algorithms and one thread unless
-    `--num-threads` says otherwise (CPU results differ between thread counts).
+    `--num-threads` says otherwise (CPU results differ between thread counts). With `--load`, a run
+    directory that holds the same run (a crashed start of this command) is continued, not refused.
+
+    Raises:
+        FileExistsError: the run directory holds another run, or one that is still running.
     """
     run_cfg = config.run
     ctx = init_distributed(config.model.device, deterministic=run_cfg.debug_deterministic_collective)
@@ -62,6 +71,7 @@ def open_run(config: Config, argv: list[str]) -> tuple[DistContext, RunDirectory
             seed=run_cfg.seed,
             mirror_events_to=config.debug.save_debug_event_data,
             extra={"world_size": ctx.world_size, "backend": ctx.backend},
+            continuing=config.checkpoint.load is not None,
         )
     barrier(ctx)
     if not ctx.is_primary:
@@ -76,6 +86,7 @@ class RunParts:
     fingerprint: str
     tokenizer: Any
     chat_template_unapplied: bool
+    data: DataIdentity
     eval_sets: dict[str, PromptDataset]
     sampling: SamplingParams
     engine: RolloutEngine | None
@@ -134,6 +145,13 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         fingerprint=fingerprint,
         tokenizer=tokenizer,
         chat_template_unapplied=template_unapplied,
+        data=data_identity(
+            dataset.path,
+            num_rows=len(dataset),
+            rollout_batch_size=rollout.rollout_batch_size,
+            seed=cfg.run.seed,
+            shuffle=cfg.data.rollout_shuffle,
+        ),
         eval_sets=eval_sets,
         sampling=sampling,
         engine=engine,
@@ -212,8 +230,46 @@ def checkpoint_to_resume(config: Config, actor: Actor | None, run_dir: RunDirect
             "--load: --debug-rollout-only builds no trainer, so there is nothing to restore a checkpoint into"
         )
     latest = checkpoint.find_latest(load)
+    if run_dir.rank == 0:  # one rank cleans what killed saves left (logged)
+        checkpoint.remove_stale_temps(load if latest is None else latest.parent)
     if latest is None:
         log.info(f"--load {load}: no checkpoint there yet, starting fresh from --hf-checkpoint")
-        run_dir.event("resume", found=False, load=str(load))
+        run_dir.resumed(found=False, load=str(load), next_rollout_id=0, first_step=0)
         return None
     return latest
+
+
+def resume(
+    config: Config,
+    run_dir: RunDirectory,
+    harness: CheckHarness,
+    actor: Actor | None,
+    fingerprint: str,
+    data: DataIdentity,
+) -> checkpoint.TrainerState | None:
+    """Restore `--load`'s latest checkpoint into `actor` (this run's model `fingerprint`, prompt
+    stream `data`, see `RunParts`) and write the `resume` event.
+
+    Returns:
+        The restored counters, or None: no `--load`, or no checkpoint there yet (a fresh start).
+
+    Raises:
+        ValueError: see `checkpoint_to_resume`; checkpoint.CheckpointError (a ValueError): the
+            checkpoint is of another model, of other data (without `--allow-data-change`) or unreadable.
+    """
+    latest = checkpoint_to_resume(config, actor, run_dir)
+    if latest is None or actor is None:
+        return None
+    restored = checkpoint.load_checkpoint(
+        latest,
+        actor,
+        model_fingerprint=fingerprint,
+        data=data,
+        allow_data_change=config.checkpoint.allow_data_change,
+    )
+    harness.after_load(latest, lambda: list(actor.local_named_weights()))
+    n = restored.next_rollout_id
+    log.info(f"--load {config.checkpoint.load}: resumed from {latest.name}, continuing at rollout {n}")
+    first_step = n * config.steps_per_rollout if n < config.rollout.num_rollout else None
+    run_dir.resumed(found=True, path=str(latest), next_rollout_id=n, first_step=first_step)
+    return restored

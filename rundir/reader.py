@@ -2,7 +2,8 @@
 
 The writer (`rundir/writer.py`) and this module are the only code that knows the file layout:
 `run.json` (written first: name, config, argv, seed, start_time, environment, world_size,
-backend), `metrics.jsonl` (one record per line: kind, rollout_id, step, time, metrics),
+backend of the first start; "starts": every start's argv, start_time, pid), `metrics.jsonl` (one
+record per line: kind, rollout_id, step, time, metrics; `RESUME_KIND` marks a continued start),
 `events.jsonl` (lifecycle events, a final `status` event last), `ranks/<rank>.json` (pid, host,
 role, heartbeat, error), `console.log`. Everything else (gate, UI, diagnose, benchmarks) reads a
 run through the functions here; a run's status is decided here only (`rundir/status.py`).
@@ -45,6 +46,10 @@ if TYPE_CHECKING:
 RUN_JSON = "run.json"
 METRICS_FILE = "metrics.jsonl"
 CONSOLE_LOG = "console.log"
+RESUME_KIND = "resume"
+"""The kind of the metrics.jsonl line a `--load` start writes when it continues a run directory
+(`RunDirectory.resumed`): the records above it with rollout_id >= its rollout_id were logged by an
+earlier start after its last checkpoint, and this start re-runs them; `read_metrics_file` drops them."""
 RUN_MARKERS = (RUN_JSON, METRICS_FILE, EVENTS_FILE, RANKS_DIR)
 """A folder holding any of these is a run directory (a run that crashed before run.json counts)."""
 
@@ -255,6 +260,8 @@ class MetricsFile:
             records; partial_last_line: a half-written last line was skipped (a live writer);
         non_numeric: line → {key: the value as JSON} of metric values that are not numbers (null,
             a string, an object...), which `metric_record` drops from that line's record.
+        replaced: lines of records that a later start of the run re-ran (left out of `records`; see
+            `RESUME_KIND`).
     """
 
     path: Path
@@ -262,6 +269,7 @@ class MetricsFile:
     bad_lines: list[tuple[int, str]]
     partial_last_line: bool
     non_numeric: dict[int, dict[str, str]] = field(default_factory=dict)
+    replaced: list[int] = field(default_factory=list)
 
 
 def _index(value: Any) -> int | None:
@@ -306,6 +314,10 @@ def metric_record(obj: dict[str, Any], line_no: int = 0) -> MetricRecord:
 def read_metrics_file(path: str | Path) -> MetricsFile:
     """Read a metrics.jsonl file (a missing file gives no records).
 
+    In a continued run directory each `RESUME_KIND` line replaces the records above it whose
+    rollout_id is at least its own: `records` holds each rollout's records of the start that
+    ran it last, and the marker lines themselves are no records.
+
     Raises:
         OSError: the file exists but cannot be read.
     """
@@ -313,16 +325,23 @@ def read_metrics_file(path: str | Path) -> MetricsFile:
     records: list[MetricRecord] = []
     bad = [(n, "not a JSON object") for n in lines.bad_lines]
     dropped: dict[int, dict[str, str]] = {}
+    replaced: list[int] = []
     for obj, n in zip(lines.rows, lines.line_nos, strict=True):
         try:
-            records.append(metric_record(obj, n))
+            record = metric_record(obj, n)
         except ValueError as e:
             bad.append((n, str(e)))
             continue
+        if record.kind == RESUME_KIND and record.rollout_id is not None:
+            first = record.rollout_id
+            replaced += [r.line_no for r in records if r.rollout_id is not None and r.rollout_id >= first]
+            records = [r for r in records if r.rollout_id is None or r.rollout_id < first]
+            continue
+        records.append(record)
         odd = {str(k): json.dumps(v) for k, v in obj["metrics"].items() if not _is_number(v)}
         if odd:
             dropped[n] = odd
-    return MetricsFile(Path(path), records, sorted(bad), lines.partial_last_line, dropped)
+    return MetricsFile(Path(path), records, sorted(bad), lines.partial_last_line, dropped, sorted(replaced))
 
 
 def read_metrics(run_dir: str | Path, kind: str | None = None) -> list[MetricRecord]:
@@ -359,6 +378,7 @@ __all__ = [
     "METRICS_FILE",
     "RANKS_DIR",
     "RUN_JSON",
+    "RESUME_KIND",
     "RUN_MARKERS",
     "JsonLines",
     "MetricsFile",

@@ -4,6 +4,11 @@ Layout (DESIGN.md): `run.json` (written first), `metrics.jsonl`, `events.jsonl` 
 event last), `ranks/<rank>.json` (pid, host, heartbeat), `console.log`, `checks/`, `rollouts/`.
 Files are append-only with one writer per rank; whole-file writes are atomic. Everything else
 reads these files through `rundir.reader` (whose file-name constants this module writes).
+
+A `--load` start of the same run (same config apart from `CONTINUE_MAY_CHANGE`) continues an
+existing run directory (`rundir/continuation.py`): run.json gains an entry in "starts", the other
+files are appended to, and the `resume` event and a metrics.jsonl marker (kind `resume`) say from
+which rollout the records of the earlier start are replaced.
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ import torch
 
 import grpolab
 from grpolab.core.atomic import atomic_write_json
-from grpolab.rundir.reader import CONSOLE_LOG, EVENTS_FILE, METRICS_FILE, RANKS_DIR, RUN_JSON
+from grpolab.rundir.continuation import continue_run
+from grpolab.rundir.reader import (
+    CONSOLE_LOG,
+    EVENTS_FILE,
+    METRICS_FILE,
+    RANKS_DIR,
+    RESUME_KIND,
+    RUN_JSON,
+)
 
 LOGGER_NAME = "grpolab"
 CONSOLE_LOG_ONLY = {"console_log_only": True}
@@ -81,8 +94,12 @@ def describe_exception(exc: BaseException, *, tail_frames: int = 3) -> str:
 class RunDirectory:
     """Writer for one rank's files in a run directory.
 
+    Attributes:
+        continued: `create` continued a run directory that held an earlier start of the same run.
+
     Raises:
-        FileExistsError: on `create` when the directory already holds a run (never overwrite a run).
+        FileExistsError: on `create` when the directory already holds a run that this start may not
+            continue (never overwrite a run).
     """
 
     def __init__(
@@ -92,6 +109,7 @@ class RunDirectory:
         self.rank = rank
         self.mirror_events_to = None if mirror_events_to is None else Path(mirror_events_to)
         self._log_handler: logging.Handler | None = None
+        self.continued = False
 
     @classmethod
     def create(
@@ -104,32 +122,48 @@ class RunDirectory:
         rank: int = 0,
         mirror_events_to: str | Path | None = None,
         extra: dict[str, Any] | None = None,
+        continuing: bool = False,
     ) -> RunDirectory:
         """Make the directory and write `run.json` (first file of every run).
 
         `mirror_events_to` (`--save-debug-event-data DIR`) receives a copy of every event line.
+        `continuing` (a `--load` start) continues a directory that holds the same run instead of
+        refusing it (`continuation.continue_run`). run.json's top-level argv, start_time and
+        environment are the first start's; "starts" lists every start (argv, start_time, pid, `extra`).
+
+        Raises:
+            FileExistsError: the directory holds a run and this start may not continue it (the
+                message says why: not `continuing`, another config, still running).
         """
         run = cls(path, rank=rank, mirror_events_to=mirror_events_to)
+        start = {"argv": argv, "start_time": time.time(), "pid": os.getpid(), **(extra or {})}
         if (run.path / RUN_JSON).exists():
-            raise FileExistsError(
-                f"--run-dir: {run.path} already holds a run (run.json exists); choose another --run-dir"
+            if not continuing:
+                raise FileExistsError(
+                    f"--run-dir: {run.path} already holds a run (run.json exists); choose another --run-dir "
+                    "(to continue that run after a crash, give its own flags and --load its --save directory)"
+                )
+            starts = continue_run(run.path, config, start)
+            run.continued = True
+        else:
+            starts = [start]
+            run.path.mkdir(parents=True, exist_ok=True)
+            (run.path / RANKS_DIR).mkdir(exist_ok=True)
+            atomic_write_json(
+                run.path / RUN_JSON,
+                {
+                    "name": run.path.name,
+                    "config": config,
+                    "argv": argv,
+                    "seed": seed,
+                    "start_time": start["start_time"],
+                    "environment": environment_fingerprint(),
+                    **(extra or {}),
+                    "starts": starts,
+                },
             )
-        run.path.mkdir(parents=True, exist_ok=True)
-        (run.path / RANKS_DIR).mkdir(exist_ok=True)
-        atomic_write_json(
-            run.path / RUN_JSON,
-            {
-                "name": run.path.name,
-                "config": config,
-                "argv": argv,
-                "seed": seed,
-                "start_time": time.time(),
-                "environment": environment_fingerprint(),
-                **(extra or {}),
-            },
-        )
         run.attach_console_log()
-        run.event("run_start", pid=os.getpid())
+        run.event("run_start", pid=os.getpid(), start=len(starts), continued=run.continued)
         return run
 
     # ------------------------------------------------------------------ files
@@ -141,7 +175,8 @@ class RunDirectory:
     def log_metrics(
         self, kind: str, rollout_id: int, metrics: dict[str, float], *, step: int | None = None
     ) -> None:
-        """Append one record to `metrics.jsonl` (kind: rollout | step | perf | eval); rank 0 only."""
+        """Append one record to `metrics.jsonl` (kind: rollout | step | perf | eval, or the `resume`
+        marker of `resumed`); rank 0 only."""
         if self.rank != 0:
             return
         self._append(
@@ -158,6 +193,21 @@ class RunDirectory:
         if self.mirror_events_to is not None:
             self.mirror_events_to.mkdir(parents=True, exist_ok=True)
             self._append(EVENTS_FILE, record, self.mirror_events_to)
+
+    def resumed(self, *, next_rollout_id: int, first_step: int | None, **fields: Any) -> None:
+        """The `resume` event of a `--load` start (`fields`: found, path or load).
+
+        In a continued run directory, when this start runs rollouts (`first_step` is not None), the
+        event also says from which rollout and step it re-runs what an earlier start logged
+        (replaces_from_rollout, replaces_from_step), and a metrics.jsonl line of kind `resume`
+        marks the place: the reader drops the records above it with rollout_id >= next_rollout_id.
+        """
+        replaces = self.continued and first_step is not None
+        if replaces:
+            fields.update(replaces_from_rollout=next_rollout_id, replaces_from_step=first_step)
+        self.event("resume", next_rollout_id=next_rollout_id, **fields)
+        if replaces:
+            self.log_metrics(RESUME_KIND, next_rollout_id, {}, step=first_step)
 
     def heartbeat(
         self, phase: str, rollout_id: int | None, step: int | None = None, *, error: str | None = None

@@ -136,6 +136,10 @@ class CheckpointConfig:
     directory starts fresh; a missing path is an error)."""
     save_interval: int | None = None
     """Save every N rollouts (and at the end); needs --save."""
+    allow_data_change: bool = False
+    """Let --load resume a checkpoint saved with other data (another --prompt-data content or row
+    count, --rollout-batch-size, --seed or --rollout-shuffle), with a warning; without it such a
+    checkpoint is refused, naming what differs (the rows each rollout reads would change)."""
 
     def __post_init__(self) -> None:
         require(

@@ -1,0 +1,110 @@
+"""The identity of a run's prompt stream, stored in every checkpoint and compared on `--load`.
+
+Rollout n reads the rows `data.rollout_prompt_indices(num_rows, n, B, seed, shuffle)` of the prompt
+file, so the order depends on the file's rows, `--rollout-batch-size`, `--seed` and
+`--rollout-shuffle`. A checkpoint resumed with any of these changed skips or repeats rows; this
+module says what changed. The file is identified by its content (size, row count, SHA-256), not its
+path: the same file at another path reads the same rows, so a moved file alone is no mismatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+HASH_CHUNK_BYTES = 1 << 20
+"""Bytes read at a time while hashing the prompt file."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataIdentity:
+    """What decides which prompt rows each rollout reads.
+
+    Attributes:
+        prompt_data: `--prompt-data`, resolved to an absolute path (reported, never compared alone).
+        file_bytes: the file's size in bytes; num_rows: rows read from it.
+        sha256: hex SHA-256 of the file's bytes.
+        rollout_batch_size / seed / rollout_shuffle: the flags of the same names.
+    """
+
+    prompt_data: str
+    file_bytes: int
+    num_rows: int
+    sha256: str
+    rollout_batch_size: int
+    seed: int
+    rollout_shuffle: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object stored as `trainer_state.json`'s "data_identity"."""
+        return asdict(self)
+
+
+ORDER_FIELDS: dict[str, str] = {
+    "file_bytes": "size of --prompt-data (bytes)",
+    "num_rows": "rows of --prompt-data",
+    "sha256": "SHA-256 of --prompt-data",
+    "rollout_batch_size": "--rollout-batch-size",
+    "seed": "--seed",
+    "rollout_shuffle": "--rollout-shuffle",
+}
+"""The fields that change the prompt order, with the name a message gives each."""
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of a file's bytes, read `HASH_CHUNK_BYTES` at a time.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def data_identity(
+    prompt_data: str | Path, *, num_rows: int, rollout_batch_size: int, seed: int, shuffle: bool
+) -> DataIdentity:
+    """The identity of the prompt stream of a run reading `num_rows` rows of `prompt_data`.
+
+    Raises:
+        OSError: the file cannot be read (the dataset read it just before, so this is rare).
+    """
+    path = Path(prompt_data).expanduser().resolve()
+    return DataIdentity(
+        prompt_data=str(path),
+        file_bytes=path.stat().st_size,
+        num_rows=num_rows,
+        sha256=file_sha256(path),
+        rollout_batch_size=rollout_batch_size,
+        seed=seed,
+        rollout_shuffle=shuffle,
+    )
+
+
+def identity_differences(saved: dict[str, Any], current: DataIdentity) -> list[str]:
+    """What differs between a checkpoint's stored identity and this run's, one phrase per field
+    (`--seed: 1234 in the checkpoint, 7 now`); [] when the prompt order is the same.
+
+    Only `ORDER_FIELDS` count; when one of them differs and the path differs too, the path is
+    named first. A field missing from `saved` (an edited file) counts as different.
+    """
+    now = current.to_dict()
+    out = [
+        f"{name}: {_show(saved.get(key, '(not recorded)'))} in the checkpoint, {_show(now[key])} now"
+        for key, name in ORDER_FIELDS.items()
+        if saved.get(key) != now[key]
+    ]
+    if out and saved.get("prompt_data") != current.prompt_data:
+        out.insert(
+            0, f"--prompt-data: {saved.get('prompt_data')} in the checkpoint, {current.prompt_data} now"
+        )
+    return out
+
+
+def _show(value: Any) -> str:
+    return value[:12] if isinstance(value, str) and len(value) == 64 else str(value)  # a SHA-256: its prefix

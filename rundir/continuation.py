@@ -1,0 +1,123 @@
+"""Continuing a run directory: a `--load` start of the same run appends to the crashed start's folder.
+
+A start may continue a directory when run.json's config equals its own apart from
+`CONTINUE_MAY_CHANGE` (where it resumes from and how the folder was spelled) and no rank of the
+run there is alive. run.json keeps the first start's top-level fields and lists every start in
+"starts"; the earlier start's rank files are removed (every rank of this start writes its own).
+Which metric records the new start replaces is the `resume` marker's job (`RunDirectory.resumed`,
+read by `reader.read_metrics_file`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from grpolab.core.atomic import atomic_write_json
+from grpolab.rundir.reader import RUN_JSON, RunDirError, read_run_meta
+from grpolab.rundir.status import HEARTBEAT_TIMEOUT_S, RANKS_DIR, final_status_event, read_ranks
+
+CONTINUE_MAY_CHANGE: frozenset[tuple[str, str]] = frozenset(
+    {("checkpoint", "load"), ("checkpoint", "allow_data_change"), ("run", "run_dir")}
+)
+"""(section, field) of the config a continuing start may set differently from the run's first start."""
+
+
+def continue_run(path: Path, config: dict[str, Any], start: dict[str, Any]) -> list[dict[str, Any]]:
+    """Add `start` to the run in `path` (run.json "starts"), after checking it is the same run.
+
+    Args:
+        path: the run directory (holds run.json); config: this start's `Config.to_dict()`.
+        start: what run.json records of this start (argv, start_time, pid, world size, backend).
+
+    Returns:
+        Every start of the run, this one last.
+
+    Raises:
+        FileExistsError: run.json is unreadable, its config differs (names up to 6 flags with both
+            values), or a rank of the run there is still alive (names it).
+    """
+    try:
+        meta = read_run_meta(path)
+    except RunDirError as e:
+        raise FileExistsError(f"--run-dir {path} holds a run whose {RUN_JSON} cannot be read: {e}") from None
+    differences = config_differences(meta.config_dict, config)
+    if differences:
+        raise FileExistsError(
+            f"--run-dir {path} holds another run ({'; '.join(differences[:6])}); --load continues a run "
+            "directory only with the flags it was started with: choose another --run-dir"
+        )
+    alive = running_ranks(path)
+    if alive:
+        raise FileExistsError(f"--run-dir {path}: the run there is still running ({alive[0]})")
+    raw = dict(meta.raw)
+    earlier = raw.get("starts")
+    if not isinstance(earlier, list):  # a run.json from before "starts": its first start
+        earlier = [{"argv": raw.get("argv"), "start_time": raw.get("start_time"), "pid": None}]
+    starts = [*earlier, start]
+    raw["starts"] = starts
+    atomic_write_json(path / RUN_JSON, raw)
+    for rank_file in (path / RANKS_DIR).glob("*.json"):
+        rank_file.unlink(missing_ok=True)
+    return starts
+
+
+def config_differences(saved: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    """`--flag X there, Y here` for each config field whose value differs, outside `CONTINUE_MAY_CHANGE`.
+
+    Both sides are compared as JSON (tuples as lists); a field only one side has counts as
+    different (shown as "(absent)").
+    """
+    from grpolab.core.config.flags import train_flags
+
+    flags = {(f.section, f.field): f.flag for f in train_flags()}
+    now = json.loads(json.dumps(config, default=str))
+    out = []
+    for section in sorted(set(saved) | set(now)):
+        old_fields, new_fields = _section(saved, section), _section(now, section)
+        for name in sorted(set(old_fields) | set(new_fields)):
+            old, new = old_fields.get(name, "(absent)"), new_fields.get(name, "(absent)")
+            if (section, name) not in CONTINUE_MAY_CHANGE and old != new:
+                out.append(f"{flags.get((section, name), f'{section}.{name}')} {old} there, {new} here")
+    return out
+
+
+def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def running_ranks(path: Path, *, now: float | None = None) -> list[str]:
+    """The ranks of the run in `path` that are still alive, one phrase each ([] after a final status).
+
+    A rank on this host is alive while its pid is (this process excepted); a rank on another host
+    while its heartbeat is younger than `HEARTBEAT_TIMEOUT_S`. Unlike the status rule, which waits
+    for the heartbeat to age, a rank killed on this host counts as gone at once: a crashed run can
+    be continued right away.
+    """
+    if final_status_event(path) is not None:
+        return []
+    ranks, _ = read_ranks(path, retries=0)
+    now = time.time() if now is None else now
+    host, alive = socket.gethostname(), []
+    for r in ranks:
+        if r.host in (None, host):
+            if r.pid != os.getpid() and _pid_alive(r.pid):
+                alive.append(f"rank {r.rank} is pid {r.pid}, alive on this host")
+        elif r.heartbeat_time is not None and now - r.heartbeat_time < HEARTBEAT_TIMEOUT_S:
+            alive.append(f"rank {r.rank} on {r.host} beat {now - r.heartbeat_time:.0f} s ago")
+    return alive
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
