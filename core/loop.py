@@ -33,7 +33,7 @@ from grpolab.core.engine.base import ReportsStats, Stoppable, capability
 from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
 from grpolab.core.launch import check_on_this_machine
-from grpolab.core.metrics import PhaseTimer, format_line, rollout_metrics, summary_row
+from grpolab.core.metrics import PhaseTimer, RunSummary, format_line, rollout_metrics, summary_row
 from grpolab.core.startup import build_parts, open_run, resume
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
@@ -56,6 +56,7 @@ class GRPORun:
     """Everything one run holds; `run()` executes it. Build with `GRPORun.create(config, argv)`."""
 
     def __init__(self, config: Config, run_dir: RunDirectory, dist_ctx: DistContext | None = None) -> None:
+        self.summary = RunSummary()  # its clock counts the loading too
         self.cfg, self.run_dir = config, run_dir
         self.dist = dist_ctx or DistContext()
         self.timer, self.state = PhaseTimer(), RunState()
@@ -154,6 +155,9 @@ class GRPORun:
             if gpu_sampler is not None:
                 gpu_sampler.stop()
             restore_sigterm(previous_handler)
+        self.run_dir.heartbeat("finished", self.state.next_rollout_id)  # left normally (diagnose hang)
+        for line in self.summary.lines(self.run_dir.path, cfg.rollout.num_rollout):
+            log.info(line)
         self.run_dir.finish("finished", rollouts=self.state.next_rollout_id)
         shutdown(self.dist)
         return self.run_dir.path
@@ -306,6 +310,7 @@ class GRPORun:
             perf["perf/rollout_tokens_per_sec"] = float(stats.last_stats.get("tokens_per_s", 0.0))
         self._emit("perf", rollout_id, perf)
         log.info(summary_row(rollout_id, self.cfg.rollout.num_rollout, line, steps, perf))
+        self.summary.add(rollout_id, line)
         self.faults.maybe_fire("end_of_rollout", rollout_id)
 
     # ------------------------------------------------------------------ between steps

@@ -1,4 +1,4 @@
-"""Miles-named metrics of one rollout, phase timers, and the log-line format.
+"""Miles-named metrics of one rollout, phase timers, the log-line format and the end-of-run summary.
 
 Keys follow Miles (notes-miles-slime-areal.md section 4.3): trainer-side `rollout/*` token metrics
 are per-sample masked means averaged over samples; `rollout/zero_std/count_<r>` counts groups whose
@@ -12,6 +12,8 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -127,3 +129,51 @@ def summary_row(
             f" gap {last['train/train_rollout_logprob_abs_diff']:.2e} grad {last['train/grad_norm']:.3f}"
         )
     return row + f" step {perf.get('perf/step_time', 0.0):.2f}s"
+
+
+def _duration(seconds: float) -> str:
+    """`42 s`, `5 min 34 s`, `2 h 05 min`: a wall time for people."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class RunSummary:
+    """What the end-of-run summary says: rollouts done by this process, wall time since the run
+    object was built (loading included), and the first and last `rollout/raw_reward` of them."""
+
+    def __init__(self, clock: Any = time.perf_counter) -> None:
+        self._clock = clock
+        self.started = clock()
+        self.rollout_ids: list[int] = []
+        self.first_reward: float | None = None
+        self.last_reward: float | None = None
+
+    def add(self, rollout_id: int, rollout: dict[str, float]) -> None:
+        """Count one finished rollout; `rollout` is its `rollout N:` metrics."""
+        self.rollout_ids.append(rollout_id)
+        reward = rollout.get("rollout/raw_reward")
+        if reward is not None:
+            self.first_reward = reward if self.first_reward is None else self.first_reward
+            self.last_reward = reward
+
+    def lines(self, run_dir: str | Path, num_rollout: int) -> list[str]:
+        """The summary, e.g. `done: 8 rollouts (0..7 of 8) in 5 min 34 s; reward 0.141 -> 0.484`,
+        then the run directory and the command that opens it in the UI."""
+        n = len(self.rollout_ids)
+        ids = (
+            f"{self.rollout_ids[0]}..{self.rollout_ids[-1]}"
+            if n > 1
+            else f"{self.rollout_ids[0]}"
+            if n
+            else ""
+        )
+        head = f"done: {n} rollout{'' if n == 1 else 's'}"
+        head += f" ({ids} of {num_rollout})" if n else ""
+        head += f" in {_duration(self._clock() - self.started)}"
+        if self.first_reward is not None and self.last_reward is not None:
+            head += f"; reward {self.first_reward:.3f} -> {self.last_reward:.3f}"
+        return [head, f"run directory: {run_dir}", f"open it in the UI: grpolab ui {run_dir}"]

@@ -103,6 +103,7 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         ValueError / FileNotFoundError: bad model, data or reward settings, naming the flag.
     """
     cfg, debug = config, config.debug
+    log.info(f"loading model {cfg.model.hf_checkpoint}: fingerprint and tokenizer")
     fingerprint = model_fingerprint(cfg.model.hf_checkpoint)
     tokenizer = load_tokenizer(cfg.model.hf_checkpoint)
     template_unapplied = _warn_unapplied_template(cfg, tokenizer, run_dir)
@@ -113,7 +114,9 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
     }
     dataset = PromptDataset(cfg.data.prompt_data, tokenizer, **dataset_kw)
     eval_sets = {name: PromptDataset(path, tokenizer, **dataset_kw) for name, path in cfg.eval.datasets}
-    engine = None if debug.debug_train_only else build_engine(cfg)
+    for name, data in [("prompt data", dataset), *((f"eval data {n}", d) for n, d in eval_sets.items())]:
+        log.info(f"{name}: {data.path} ({len(data)} rows)")
+    engine = None if debug.debug_train_only else _build_engine(cfg)
     actor = None if debug.debug_rollout_only else _build_actor(cfg, dist)
     rollout = cfg.rollout
     sampling = SamplingParams(
@@ -179,7 +182,15 @@ def _warn_unapplied_template(cfg: Config, tokenizer: Any, run_dir: RunDirectory)
     return True
 
 
+def _build_engine(cfg: Config) -> RolloutEngine:
+    model, kind = cfg.model, cfg.rollout.rollout_engine
+    log.info(f"building the rollout engine: {kind}, {model.rollout_dtype} on {model.device}")
+    return build_engine(cfg)
+
+
 def _build_actor(cfg: Config, dist: DistContext) -> Actor:
+    ranks = f", {dist.world_size} ranks (FSDP2)" if dist.world_size > 1 else ""
+    log.info(f"building the trainer: {cfg.model.train_dtype} on {cfg.model.device}{ranks}")
     return Actor(
         cfg.model.hf_checkpoint,
         dtype=parse_dtype(cfg.model.train_dtype, "--train-dtype"),
