@@ -314,3 +314,78 @@ def test_own_run_dir_passes_step0_kl(capsys: pytest.CaptureFixture[str], short_r
     assert (
         report.passed and report.gap_range is not None and report.gap_range.baselines[0]["record"] == "step 0"
     )
+
+
+# --- a run that never reached its first step -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def early_failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real `grpolab train` runs that failed before their first optimizer step: a fault raised in
+    train at rollout 0 (metrics.jsonl holds the rollout record only) and a reward function that
+    raised (no metrics.jsonl at all)."""
+    import sys
+
+    from runs import train_short
+
+    root = tmp_path_factory.mktemp("early")
+    (root / "badrm.py").write_text("def reward(sample):\n    raise RuntimeError('verifier crashed')\n")
+    fault = '[{"at_rollout": 0, "action": "raise_in_train"}]'
+    runs = {"train": (root / "train", "--ci-ft-test-actions", fault)}
+    runs["reward"] = (root / "reward", "--custom-rm-path", "badrm.reward")
+    sys.path.insert(0, str(root))
+    try:
+        for run_dir, *extra in runs.values():
+            with pytest.raises(Exception):  # noqa: B017 (the runs fail on purpose; the gate reads why)
+                train_short(run_dir, *extra)
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.pop("badrm", None)
+    return {name: spec[0] for name, spec in runs.items()}
+
+
+def test_a_run_failed_before_its_first_step_says_so_and_why(
+    capsys: pytest.CaptureFixture[str], early_failures: dict[str, Path]
+) -> None:
+    """It said `cannot read RUN/metrics.jsonl` (or only that no step record was found): it names the
+    failure and its recorded error, still exit 2 (cannot judge)."""
+    train_run, reward_run = early_failures["train"], early_failures["reward"]
+    assert not (reward_run / "metrics.jsonl").exists() and (train_run / "metrics.jsonl").exists()
+    code, out, err = run(capsys, str(reward_run))
+    assert code == 2 and out == "" and "cannot read" not in err
+    head = f"grpolab gate: error: no step record in {reward_run}: the run failed before its first step"
+    assert err.startswith(head + " (at rollout 0): ")  # then the status event's error, quoted whole:
+    error = json.loads((reward_run / "events.jsonl").read_text().splitlines()[-1])["error"]
+    assert "reward" in error and "verifier crashed" in error and f"(at rollout 0): {error}; nothing" in err
+    assert err.rstrip().endswith("; nothing to judge")
+    code, _, err = run(capsys, str(train_run / "metrics.jsonl"))
+    assert code == 2 and f"no step record in {train_run}: the run failed before its first step" in err
+    assert "InjectedFault: injected fault: raise_in_train on rank 0 at rollout 0" in err
+    code, out, _ = run(capsys, str(early_failures["train"]), "--json")
+    doc = json.loads(out)
+    assert code == 2 and doc["exit_code"] == 2 and "failed before its first step" in doc["error"]
+    # a baseline that failed early is named the same way
+    code, _, err = run(capsys, OK, "--baseline", str(reward_run), "--gap-range", "auto")
+    assert code == 2 and f"no step record in {reward_run}: the run failed" in err
+
+
+def test_a_run_without_a_final_status_and_no_step_is_crashed_or_interrupted(
+    capsys: pytest.CaptureFixture[str], early_failures: dict[str, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    killed = shutil.copytree(early_failures["reward"], tmp_path / "killed")
+    events = (killed / "events.jsonl").read_text().splitlines()
+    (killed / "events.jsonl").write_text("\n".join(events[:-1]) + "\n")  # no final status: killed
+    old = json.loads((killed / "ranks" / "0.json").read_text())
+    old["heartbeat"]["time"] -= 3600  # its heartbeat an hour old: not running any more
+    (killed / "ranks" / "0.json").write_text(json.dumps(old))
+    code, _, err = run(capsys, str(killed))
+    assert code == 2 and "the run stopped before its first step without a final status event" in err
+    assert str(killed / "console.log") in err
+    last = json.loads(events[-1])
+    (killed / "events.jsonl").write_text(
+        "\n".join([*events[:-1], json.dumps({**last, "status": "interrupted", "error": None})]) + "\n"
+    )
+    code, _, err = run(capsys, str(killed))
+    assert code == 2 and "the run was interrupted before its first step (at rollout 0)" in err
