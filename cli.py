@@ -14,7 +14,7 @@ import sys
 
 from grpolab.checkers.hash_command import add_hash_parser, run_hash_command
 from grpolab.core.config.flags import add_train_flags, config_from_args
-from grpolab.core.launch import add_launch_flags, check_on_this_machine, launch_torchrun
+from grpolab.core.launch import add_launch_flags, launch_torchrun
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.checkers.gate_command import add_gate_parser
 
     add_gate_parser(sub)
+    from grpolab.checkers.template_command import add_check_parser
+
+    add_check_parser(sub)
     from grpolab.diagnose.cli import add_diagnose_parsers
 
     add_diagnose_parsers(sub)
@@ -67,15 +70,15 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
     """Run `grpolab train` (`argv` starts with "train"); return the exit code.
 
     Exit codes: 0 done, 1 a check failed or the run failed, 2 bad input (a flag, a file, a run
-    directory; a bad flag value exits through argparse with the train usage), 130 interrupted.
+    directory; a bad flag value or input file exits through argparse with the train usage, before
+    transformers is imported or a run directory made: core/preflight.py), 130 interrupted.
     """
+    from grpolab.core.preflight import check_inputs
+
     try:
         config = config_from_args(args)
-        check_on_this_machine(config)
-        from grpolab.core.engine.factory import ENGINES
-
-        ENGINES.get(config.rollout.rollout_engine)  # an unknown kind is bad input, before any launch
-    except ValueError as e:
+        check_inputs(config)  # flags, model, data, reward: before transformers and any run directory
+    except (ValueError, FileNotFoundError) as e:
         subcommand_parser(parser, "train").error(str(e))  # usage: grpolab train …, exit 2
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
         return launch_torchrun(args.nproc_per_node, argv)
@@ -83,7 +86,7 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
     from grpolab.core.loop import train
 
     try:
-        train(config, ["grpolab", *argv])
+        train(config, ["grpolab", *argv], checked=True)
     except CheckFailure as e:
         print(f"grpolab train: {e}", file=sys.stderr)
         return 1
@@ -108,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_train_command(parser, args, argv)
     if args.command == "hash":
         return run_hash_command(args)
+    if args.command == "check":
+        from grpolab.checkers.template_command import run_check_command
+
+        return run_check_command(args)
     if args.command == "gate":
         from grpolab.checkers.gate_command import run_gate_command
 

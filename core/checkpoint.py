@@ -31,6 +31,7 @@ from grpolab.core.actor import Actor
 from grpolab.core.atomic import atomic_write_bytes
 from grpolab.core.data_identity import DataIdentity, identity_differences
 from grpolab.core.dist import barrier
+from grpolab.core.model_files import compare_model_fingerprints, config_only_warning
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 log = logging.getLogger("grpolab")
@@ -228,7 +229,10 @@ def _load_checkpoint(
     path: Path, actor: Actor, *, model_fingerprint: str, data: DataIdentity, allow_data_change: bool
 ) -> TrainerState:
     state = TrainerState(**json.loads((path / "trainer_state.json").read_text()))
-    if state.model_fingerprint != model_fingerprint:
+    match = compare_model_fingerprints(state.model_fingerprint, model_fingerprint)
+    if match == "config-only":
+        log.warning(config_only_warning(f"--load: {path}"))
+    if match == "different":
         raise CheckpointError(
             f"--load: {path} was saved from another model (model fingerprint {state.model_fingerprint} != "
             f"{model_fingerprint} of --hf-checkpoint)"

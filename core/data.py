@@ -32,74 +32,126 @@ class Prompt:
     label: str
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Read all rows of a .jsonl or .parquet file.
+def prompt_file(path: str | Path, flag: str = "--prompt-data") -> Path:
+    """`path` as a prompt file that exists, is a regular readable file and ends in .jsonl/.json/.parquet.
+
+    `flag` names the flag in messages ("--prompt-data", or "--eval-prompt-data NAME").
 
     Raises:
-        FileNotFoundError: naming `--prompt-data` when the file is missing.
-        ValueError: for another suffix or a line that is not a JSON object (with its line number).
+        FileNotFoundError: the file does not exist.
+        ValueError: a directory, another suffix, an unreadable file, or a .parquet file without the
+            parquet magic bytes `PAR1` at both ends (the Apache Parquet file format).
     """
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(f"--prompt-data: {p} does not exist (expected a .jsonl or .parquet file)")
+    expected = "expected a .jsonl or .parquet file"
+    if p.is_dir():
+        raise ValueError(f"{flag}: {p} is a directory ({expected})")
+    if not p.exists():
+        raise FileNotFoundError(f"{flag}: {p} does not exist ({expected})")
+    if p.suffix not in (".jsonl", ".json", ".parquet"):
+        raise ValueError(f"{flag}: {p} must end in .jsonl or .parquet")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+            size = f.seek(0, 2)
+            f.seek(max(size - 4, 0))
+            tail = f.read(4)
+    except OSError as e:
+        raise ValueError(f"{flag}: {p} cannot be read ({e.strerror or e})") from None
+    if p.suffix == ".parquet" and (head != b"PAR1" or tail != b"PAR1" or size < 8):
+        raise ValueError(f"{flag}: {p} is not a parquet file (it does not start and end with PAR1)")
+    if head[:2] == b"\x1f\x8b":
+        raise ValueError(f"{flag}: {p} is gzip-compressed; expected UTF-8 JSON lines (gunzip it first)")
+    return p
+
+
+def read_rows(path: str | Path, flag: str = "--prompt-data") -> list[dict[str, Any]]:
+    """Read all rows of a .jsonl or .parquet file (`prompt_file` checks it first).
+
+    A .jsonl file is UTF-8 (a leading byte-order mark is allowed) with one JSON object per line;
+    blank lines are skipped. Line numbers in messages are the file's (1-based).
+
+    Raises:
+        FileNotFoundError / ValueError: naming `flag`, the file and, for a .jsonl, the line: a line
+            that is not UTF-8 (the byte and column), not JSON (the column), or not a JSON object.
+    """
+    p = prompt_file(path, flag)
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         return pq.read_table(p).to_pylist()
-    if p.suffix not in (".jsonl", ".json"):
-        raise ValueError(f"--prompt-data: {p} must end in .jsonl or .parquet")
     rows = []
-    with open(p, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
+    with open(p, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            text = _decode_line(raw, line_no, where=f"{flag}: {p} line {line_no}")
+            if not text.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--prompt-data: {p} line {line_no} is not valid JSON: {e}") from None
+                row = json.loads(text)
+            except json.JSONDecodeError as e:  # one line: its column is the position in the file's line
+                raise ValueError(
+                    f"{flag}: {p} line {line_no} column {e.colno} is not valid JSON ({e.msg}); "
+                    "expected one JSON object per line"
+                ) from None
             if not isinstance(row, dict):
                 raise ValueError(
-                    f"--prompt-data: {p} line {line_no} is a {type(row).__name__}, expected a JSON object"
+                    f"{flag}: {p} line {line_no} is a {type(row).__name__}, expected a JSON object"
                 )
             rows.append(row)
     return rows
+
+
+def _decode_line(raw: bytes, line_no: int, *, where: str) -> str:
+    """One line of a .jsonl file as text without its line ending (UTF-8; a BOM on line 1 is dropped)."""
+    try:
+        text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        if b"\0" in raw:
+            raise ValueError(f"{where} holds binary data (a NUL byte); expected UTF-8 JSON lines") from None
+        raise ValueError(
+            f"{where} is not UTF-8: byte 0x{raw[e.start]:02x} at column {e.start + 1} "
+            "(Latin-1 or another encoding?); expected UTF-8 JSON lines (convert it, e.g. iconv -t UTF-8)"
+        ) from None
+    if "\0" in text:
+        raise ValueError(f"{where} holds binary data (a NUL byte); expected UTF-8 JSON lines")
+    return text.rstrip("\r\n")
 
 
 class PromptDataset:
     """Rows of a prompt file, tokenized on demand.
 
     Args:
-        path: `--prompt-data`.
+        path: `--prompt-data` (or one `--eval-prompt-data` file).
         tokenizer: a transformers tokenizer (chat template needed with `apply_chat_template`).
         input_key / label_key: `--input-key` / `--label-key`.
         apply_chat_template: wrap the input as a user message and add the generation prompt.
+        flag: the flag named in messages ("--prompt-data", or "--eval-prompt-data NAME").
 
     Raises:
-        ValueError: empty file, or a row missing a key (names the key, the row and the keys present).
+        ValueError / FileNotFoundError: the file (`read_rows`) or its rows (`check_rows`) are bad, or
+            `apply_chat_template` with a tokenizer that has no chat template.
     """
 
     def __init__(
-        self, path: str | Path, tokenizer, *, input_key: str, label_key: str, apply_chat_template: bool
+        self,
+        path: str | Path,
+        tokenizer,
+        *,
+        input_key: str,
+        label_key: str,
+        apply_chat_template: bool,
+        flag: str = "--prompt-data",
     ) -> None:
         self.path = Path(path)
-        self.rows = read_rows(path)
-        if not self.rows:
-            raise ValueError(f"--prompt-data: {path} holds no rows")
-        for i, row in enumerate(self.rows):
-            for flag, key in (("--input-key", input_key), ("--label-key", label_key)):
-                if key not in row:
-                    raise ValueError(
-                        f"{flag} {key!r}: row {i} of {path} has no such field (fields: {sorted(row)})"
-                    )
-                if row[key] is None:
-                    raise ValueError(f"{flag} {key!r}: row {i} of {path} is null")
-            content = row[input_key]
-            if isinstance(content, list) and not apply_chat_template:
-                raise ValueError(
-                    f"--input-key {input_key!r}: row {i} of {path} is a list of chat messages; pass --apply-chat-template"
-                )
-            if isinstance(content, str) and not content.strip():
-                raise ValueError(f"--input-key {input_key!r}: row {i} of {path} is an empty prompt")
+        self.rows = read_rows(path, flag)
+        check_rows(
+            self.rows,
+            path,
+            input_key=input_key,
+            label_key=label_key,
+            apply_chat_template=apply_chat_template,
+            flag=flag,
+        )
         if apply_chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("--apply-chat-template: the tokenizer of --hf-checkpoint has no chat template")
         self.tokenizer = tokenizer
@@ -120,6 +172,41 @@ class PromptDataset:
             text = str(content)
         prompt_ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return Prompt(index=index, text=text, prompt_ids=prompt_ids, label=str(row[self.label_key]))
+
+
+def check_rows(
+    rows: list[dict[str, Any]],
+    path: str | Path,
+    *,
+    input_key: str,
+    label_key: str,
+    apply_chat_template: bool,
+    flag: str = "--prompt-data",
+) -> None:
+    """Check that every row has a non-null prompt and label, the prompt in a form the run can use.
+
+    Raises:
+        ValueError: no rows; a row without `input_key`/`label_key` (names the key, the row and the
+            keys present) or with null; a list of chat messages without `apply_chat_template`; an
+            empty prompt. Rows are numbered from 0 (the dataset index, blank lines not counted).
+    """
+    if not rows:
+        raise ValueError(f"{flag}: {path} holds no rows")
+    for i, row in enumerate(rows):
+        for key_flag, key in (("--input-key", input_key), ("--label-key", label_key)):
+            if key not in row:
+                raise ValueError(
+                    f"{key_flag} {key!r}: row {i} of {path} has no such field (fields: {sorted(row)})"
+                )
+            if row[key] is None:
+                raise ValueError(f"{key_flag} {key!r}: row {i} of {path} is null")
+        content = row[input_key]
+        if isinstance(content, list) and not apply_chat_template:
+            raise ValueError(
+                f"--input-key {input_key!r}: row {i} of {path} is a list of chat messages; pass --apply-chat-template"
+            )
+        if isinstance(content, str) and not content.strip():
+            raise ValueError(f"--input-key {input_key!r}: row {i} of {path} is an empty prompt")
 
 
 def rollout_prompt_indices(

@@ -32,8 +32,8 @@ from grpolab.core.dist import DistContext, all_gather_objects, shutdown
 from grpolab.core.engine.base import ReportsStats, Stoppable, capability
 from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
-from grpolab.core.launch import check_on_this_machine
 from grpolab.core.metrics import PhaseTimer, RunSummary, format_line, rollout_metrics, summary_row
+from grpolab.core.preflight import check_inputs
 from grpolab.core.startup import build_parts, open_run, resume
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
@@ -399,14 +399,19 @@ def _log_end(exc: BaseException) -> None:
         log.error(f"grpolab train: error: {type(exc).__name__}: {exc}", extra=CONSOLE_LOG_ONLY)
 
 
-def train(config: Config, argv: list[str] | None = None) -> Path:
+def train(config: Config, argv: list[str] | None = None, *, checked: bool = False) -> Path:
     """Run GRPO with `config`; return the run directory.
 
+    `checked`: the caller already ran `preflight.check_inputs(config)` (the CLI does, before it
+    imports this module); otherwise it runs here, before the run directory is made.
+
     Raises:
-        ValueError: what the config names is not on this machine (`--device`, `--load`, `--save`), or
-            bad input found while starting (data, checkpoint, run directory); RuntimeError: the run
-            failed; KeyboardInterrupt: SIGINT/SIGTERM (the run directory's last event says so).
+        ValueError / FileNotFoundError: what the config names is not on this machine (`--device`,
+            `--load`, `--save`), bad input files (model, prompt data, reward; core/preflight.py) or bad
+            input found while starting (checkpoint, run directory); RuntimeError: the run failed;
+            KeyboardInterrupt: SIGINT/SIGTERM (the run directory's last event says so).
     """
-    check_on_this_machine(config)
+    if not checked:
+        check_inputs(config)
     run = GRPORun.create(config, list(sys.argv if argv is None else argv))
     return run.run()

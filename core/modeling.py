@@ -3,7 +3,8 @@
 `--hf-checkpoint` may name a directory written by `save_pretrained` or a single `.gguf` file
 (transformers dequantizes GGUF on load; that needs the `gguf` and `accelerate` packages).
 Everything runs with `local_files_only=True`, so a missing path fails at once instead of
-reaching for the network.
+reaching for the network; what a model folder must hold is checked first, without transformers
+(core/model_files.py), so a missing or truncated file is named instead of a transformers traceback.
 """
 
 from __future__ import annotations
@@ -17,33 +18,29 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from grpolab.core.dtypes import parse_dtype  # noqa: F401 (the loop and the UI import it here)
+from grpolab.core.file_hash import file_sha256
+from grpolab.core.model_files import check_model, weight_files
 
 hf_logging.disable_progress_bar()  # "Loading weights" bars would drown the run's own output
 
 
-def _split_checkpoint(path: str | Path) -> tuple[Path, dict]:
-    """Return (directory, extra from_pretrained kwargs) for a checkpoint directory or GGUF file."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise FileNotFoundError(
-            f"--hf-checkpoint: {p} does not exist (expected a model directory or a .gguf file)"
-        )
-    if p.is_file():
-        if p.suffix != ".gguf":
-            raise ValueError(
-                f"--hf-checkpoint: {p} is a file but not a .gguf file; pass a model directory instead"
-            )
-        return p.parent, {"gguf_file": p.name}
-    if not (p / "config.json").exists():
-        raise ValueError(
-            f"--hf-checkpoint: {p} has no config.json; expected a directory written by save_pretrained"
-        )
-    return p, {}
+def _split_checkpoint(path: str | Path, *, tokenizer: bool, weights: bool) -> tuple[Path, dict]:
+    """(directory, extra from_pretrained kwargs) after `model_files.check_model` checked what is needed.
+
+    Raises:
+        FileNotFoundError / ValueError: naming `--hf-checkpoint` and the missing or broken files.
+    """
+    directory, gguf = check_model(path, tokenizer=tokenizer, weights=weights)
+    return directory, {} if gguf is None else {"gguf_file": gguf}
 
 
 def load_tokenizer(path: str | Path):
-    """Load the tokenizer that belongs to a checkpoint directory or GGUF file (offline)."""
-    directory, extra = _split_checkpoint(path)
+    """Load the tokenizer that belongs to a checkpoint directory or GGUF file (offline).
+
+    Raises:
+        FileNotFoundError / ValueError: naming `--hf-checkpoint` when there is no config or tokenizer.
+    """
+    directory, extra = _split_checkpoint(path, tokenizer=True, weights=False)
     return AutoTokenizer.from_pretrained(str(directory), local_files_only=True, **extra)
 
 
@@ -61,9 +58,10 @@ def load_causal_lm(
         device: where the parameters live.
 
     Raises:
-        FileNotFoundError / ValueError: naming `--hf-checkpoint` when the path is not a model.
+        FileNotFoundError / ValueError: naming `--hf-checkpoint` when the path is not a model or its
+            weights are missing or truncated (`model_files.check_model`).
     """
-    directory, extra = _split_checkpoint(path)
+    directory, extra = _split_checkpoint(path, tokenizer=False, weights=True)
     model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True, dtype=dtype, **extra)
     if extra:  # GGUF: copy into a plain model so it is serializable and has ordinary parameters
         config = model.config
@@ -79,25 +77,38 @@ def load_causal_lm(
 
 
 def model_fingerprint(path: str | Path) -> str:
-    """SHA-256 (hex, first 16 chars) over the checkpoint's config.json, or the GGUF file's first 1 MiB."""
-    directory, extra = _split_checkpoint(path)
+    """What the model is, independent of where it lives: "<config part>-w<weights part>", 16 hex digits each.
+
+    The config part is the SHA-256 of config.json as transformers reads it (without its version and
+    path fields), or of a GGUF file's first 1 MiB: the whole fingerprint before weights were covered,
+    so stored fingerprints of that age still compare (`model_files.compare_model_fingerprints`). The
+    weights part is the SHA-256 over the SHA-256 of each weight file (`model_files.weight_files`, or the
+    GGUF file), cached by path, size and mtime (`core/file_hash.py`), so a large model is read once.
+
+    Raises:
+        FileNotFoundError / ValueError: naming `--hf-checkpoint` when config or weights are missing or broken.
+    """
+    directory, extra = _split_checkpoint(path, tokenizer=False, weights=True)
     h = hashlib.sha256()
     if extra:
-        with open(directory / extra["gguf_file"], "rb") as f:
+        files = [directory / extra["gguf_file"]]
+        with open(files[0], "rb") as f:
             h.update(f.read(1 << 20))
     else:
+        files = weight_files(directory)
         config = AutoConfig.from_pretrained(str(directory), local_files_only=True).to_dict()
         for key in ("transformers_version", "_name_or_path", "name_or_path", "_commit_hash"):
             config.pop(key, None)  # where the model lives is not what the model is
         h.update(json.dumps(config, sort_keys=True, default=str).encode())
-    return h.hexdigest()[:16]
+    weights = hashlib.sha256("\n".join(file_sha256(files)).encode()).hexdigest()
+    return f"{h.hexdigest()[:16]}-w{weights[:16]}"
 
 
 def stop_token_ids(path: str | Path, tokenizer) -> tuple[int, ...]:
     """Token ids that end a response: the tokenizer's eos and the generation config's eos (either may be a list)."""
     from transformers import GenerationConfig
 
-    directory, _ = _split_checkpoint(path)
+    directory, _ = _split_checkpoint(path, tokenizer=False, weights=False)
     candidates = [tokenizer.eos_token_id]
     try:
         candidates.append(

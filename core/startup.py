@@ -113,7 +113,10 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         "apply_chat_template": cfg.data.apply_chat_template,
     }
     dataset = PromptDataset(cfg.data.prompt_data, tokenizer, **dataset_kw)
-    eval_sets = {name: PromptDataset(path, tokenizer, **dataset_kw) for name, path in cfg.eval.datasets}
+    eval_sets = {
+        name: PromptDataset(path, tokenizer, flag=f"--eval-prompt-data {name}", **dataset_kw)
+        for name, path in cfg.eval.datasets
+    }
     for name, data in [("prompt data", dataset), *((f"eval data {n}", d) for n, d in eval_sets.items())]:
         log.info(f"{name}: {data.path} ({len(data)} rows)")
     engine = None if debug.debug_train_only else _build_engine(cfg)

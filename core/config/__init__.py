@@ -33,7 +33,7 @@ from grpolab.core.config.generation import (
     RolloutConfig,
 )
 from grpolab.core.config.training import AlgorithmConfig, CheckpointConfig, ColocateConfig, OptimizerConfig
-from grpolab.core.config.validation import require
+from grpolab.core.config.validation import require, require_finite
 
 __all__ = [
     "DEFAULT_CHECKPOINT",
@@ -118,10 +118,17 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
+        for name in sections():
+            require_finite(getattr(self, name))
         samples = self.rollout.samples_per_rollout
         if self.optimizer.global_batch_size is None:
             self.optimizer.global_batch_size = samples
         gbs = self.optimizer.global_batch_size
+        require(
+            not (self.debug.debug_train_only and self.rollout.uses_servers),
+            "--rollout-num-engines / --sglang-router-ip need a rollout engine, but --debug-train-only "
+            "(or --load-debug-rollout-data) trains on recordings without one: drop one of them",
+        )
         require(
             self.ci.ci_metric_checker_key is None or bool(self.eval.eval_prompt_data),
             "--ci-metric-checker-key needs an eval: set --eval-interval and --eval-prompt-data NAME PATH",

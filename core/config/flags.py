@@ -17,6 +17,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import math
 import textwrap
 import types
 import typing
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpolab.core.config import Config, sections
+from grpolab.core.config.validation import flag_of
 
 SCALARS = (bool, int, float, str)
 
@@ -118,7 +120,7 @@ def train_flags() -> tuple[TrainFlag, ...]:
                 raise TypeError(f"{where}: another section has a field of the same name")
             kind, many = _kind(hints[f.name], where)
             text = help_text(docs[f.name], f)
-            flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+            flag = flag_of(f)
             metavar = f.metadata.get("metavar")
             out.append(TrainFlag(section, f.name, flag, kind, many, text, metavar))
     return tuple(out)
@@ -138,8 +140,24 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
         if tf.kind is bool:
             kw["action"] = argparse.BooleanOptionalAction
         else:
-            kw.update(type=tf.kind, metavar=tf.metavar, nargs="+" if tf.many else None)
+            kind = finite_float if tf.kind is float else tf.kind
+            kw.update(type=kind, metavar=tf.metavar, nargs="+" if tf.many else None)
         groups[tf.section].add_argument(tf.flag, **kw)
+
+
+def finite_float(text: str) -> float:
+    """argparse type of the float flags: a finite number (inf and nan pass range checks like `>= 0`).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or not finite (argparse names the flag, exit 2).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,80 @@ def test_prompt_rows_are_validated_up_front(tiny_model_dir: Path, tmp_path: Path
         path.write_text(json.dumps({"question": "2+2?", "answer": "4"}) + "\n" + json.dumps(bad_row) + "\n")
         with pytest.raises(ValueError, match=pattern):
             PromptDataset(path, tok, input_key="question", label_key="answer", apply_chat_template=chat)
+
+
+# A child process runs each bad command through the CLI, then says whether transformers was imported.
+_CHILD = """
+import json, sys
+from grpolab.cli import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    try:
+        code = main(["train", *argv])
+    except SystemExit as e:
+        code = e.code
+    out.append(code)
+print(json.dumps({"codes": out, "transformers": "transformers" in sys.modules}))
+"""
+
+
+def test_flag_and_input_errors_come_before_heavy_imports_and_leave_no_run_dir(tmp_path: Path) -> None:
+    """Issue 15 items 8 and 13: exit 2 naming the flag, before transformers or a run folder."""
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes('{"question": "caf\u00e9?", "answer": "1"}\n'.encode("latin-1"))
+    cases = [
+        (["--rm-type", "foo"], "unknown reward function 'foo' (--rm-type); valid: boxed_math, math"),
+        (
+            ["--custom-rm-path", "no_such_module_x.fn"],
+            "--custom-rm-path 'no_such_module_x.fn': cannot import",
+        ),
+        (["--hf-checkpoint", "/nonexistent"], "--hf-checkpoint: /nonexistent does not exist"),
+        (["--prompt-data", str(latin1)], f"--prompt-data: {latin1} line 1 is not UTF-8: byte 0xe9"),
+        (["--prompt-data", str(tmp_path)], f"--prompt-data: {tmp_path} is a directory"),
+        (
+            ["--eval-interval", "1", "--eval-prompt-data", "held", str(tmp_path / "gone.jsonl")],
+            f"--eval-prompt-data held: {tmp_path / 'gone.jsonl'} does not exist",
+        ),
+        (["--lr", "inf"], "argument --lr: must be a finite number, got inf"),
+        (["--lr", "nan"], "argument --lr: must be a finite number, got nan"),
+    ]
+    argvs = [argv for argv, _ in cases]
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(argvs)], cwd=tmp_path, capture_output=True, text=True
+    )
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result == {"codes": [2] * len(cases), "transformers": False}, proc.stderr
+    for _, needle in cases:
+        assert f"grpolab train: error: {needle}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()  # the default run folder was never made
+
+
+def test_the_library_entry_checks_inputs_before_the_run_dir(tmp_path: Path) -> None:
+    from grpolab.core.config import Config, DataConfig
+    from grpolab.core.config.generation import RewardConfig
+    from grpolab.core.loop import train
+
+    bad = [
+        Config(data=DataConfig(prompt_data=str(tmp_path))),
+        Config(reward=RewardConfig(rm_type="foo")),
+    ]
+    for config in bad:
+        config.run.run_dir = str(tmp_path / "run")
+        with pytest.raises(ValueError, match="is a directory|unknown reward function"):
+            train(config)
+        assert not (tmp_path / "run").exists()
+
+
+def test_the_cli_checks_this_machine_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpolab.core import loop, preflight
+
+    calls = []
+    monkeypatch.setattr(preflight, "check_on_this_machine", lambda config: calls.append(config))
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("stopped before the run directory (test)")
+
+    monkeypatch.setattr(loop.GRPORun, "create", stop)
+    assert main(["train", "--num-rollout", "1"]) == 1
+    assert len(calls) == 1

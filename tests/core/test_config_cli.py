@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 
 import pytest
 
 from grpolab.cli import build_parser, config_from_args, main, subcommand_parser
 from grpolab.core.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
 from grpolab.core.config import DEFAULT_PROMPT_DATA, Config, DataConfig, sections
-from grpolab.core.config.flags import attribute_docs, train_flags
+from grpolab.core.config.flags import attribute_docs, finite_float, train_flags
 from grpolab.core.dtypes import DTYPES
 
 # Every flag `grpolab train --help` listed before the flags were generated from the config, by the kind
@@ -116,7 +117,9 @@ def test_help_lists_every_flag_listed_before_with_the_same_kind() -> None:
         elif kind == "pairs":
             assert action.nargs == "+" and action.metavar == "NAME PATH"
         else:
-            assert action.type.__name__ == kind and action.nargs is None, flag
+            # float flags parse with finite_float: a float, refusing inf and nan
+            assert {finite_float: "float"}.get(action.type, action.type.__name__) == kind, flag
+            assert action.nargs is None, flag
     text = subcommand_parser(build_parser(), "train").format_help()
     for flag in FLAGS_BEFORE:
         assert flag in text
@@ -165,12 +168,31 @@ def test_booleans_have_no_forms() -> None:
             r"--gpu-sample-interval must be 0 \(no GPU sampling\) or .* >= 0.1",
         ),
         (["--gpu-sample-interval", "-1"], "--gpu-sample-interval must be 0"),
-        (["--gpu-sample-interval", "nan"], "--gpu-sample-interval must be 0"),
     ],
 )
 def test_bad_flags_name_the_flag(argv: list[str], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         parse(*argv)
+
+
+@pytest.mark.parametrize("flag", ["--lr", "--gpu-sample-interval", "--rollout-temperature", "--clip-grad"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_float_flags_must_be_finite(flag: str, value: str, capsys) -> None:
+    """inf passes range checks written as comparisons (`--lr inf` is >= 0): every float flag refuses it."""
+    with pytest.raises(SystemExit) as info:
+        parse(f"{flag}={value}")  # "=": argparse reads a lone "-inf" as an option
+    assert info.value.code == 2
+    assert f"argument {flag}: must be a finite number, got {value}" in capsys.readouterr().err
+
+
+def test_configs_built_without_flags_must_be_finite_too() -> None:
+    """Library callers and run.json files do not go through argparse: the Config refuses them itself."""
+    from grpolab.core.config import OptimizerConfig
+
+    with pytest.raises(ValueError, match="--lr must be a finite number, got inf"):
+        Config(optimizer=OptimizerConfig(lr=math.inf))
+    with pytest.raises(ValueError, match="--ci-max-abs-advantage must be a finite number, got inf"):
+        Config.from_dict({"ci": {"ci_max_abs_advantage": math.inf}})
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,209 @@
+"""What `--hf-checkpoint` must hold, checked from the files alone (no torch, no transformers).
+
+A model directory (the `save_pretrained` layout) needs config.json, a tokenizer and whole weights. A
+tokenizer is tokenizer.json or a slow tokenizer's vocabulary (tokenizer.model, vocab.json, vocab.txt,
+spiece.model, sentencepiece.bpe.model). The weights are the first of these that exists, the order in
+which transformers' `from_pretrained` looks for them: model.safetensors, model.safetensors.index.json
+(with every shard its weight_map names), pytorch_model.bin, pytorch_model.bin.index.json (with its
+shards). A safetensors file is whole when its size is what its header says: 8 bytes of header length
+N, N bytes of JSON header, then the tensor data, whose byte ranges (`data_offsets`) the header lists
+(the safetensors format specification). A `.gguf` file holds config, tokenizer and weights and
+starts with the magic bytes `GGUF` (the GGUF specification, ggml/docs/gguf.md).
+
+The model fingerprint (core/modeling.py) hashes the same weight files, so what is checked here is
+what is fingerprinted; `compare_model_fingerprints` says how a stored fingerprint compares with one
+computed now, including those stored before the weights were fingerprinted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from pathlib import Path
+from typing import Literal
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+"""A directory holds a tokenizer when it has any of these (or sentencepiece.bpe.model)."""
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+"""The weights transformers loads, in the order it looks for them; the first that exists is used."""
+GGUF_MAGIC = b"GGUF"
+
+_EXPECTED_TOKENIZER = "tokenizer.json, or a slow tokenizer's tokenizer.model, vocab.json or vocab.txt"
+_EXPECTED_WEIGHTS = (
+    "model.safetensors or pytorch_model.bin, or a sharded model.safetensors.index.json or "
+    "pytorch_model.bin.index.json with its shards"
+)
+
+
+def split_checkpoint(path: str | Path) -> tuple[Path, str | None]:
+    """(directory, GGUF file name or None) of an `--hf-checkpoint` value: a model directory or a .gguf file.
+
+    Raises:
+        FileNotFoundError: the path does not exist (naming `--hf-checkpoint` and what was expected).
+        ValueError: a file that is not a .gguf, or a directory without config.json.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(
+            f"--hf-checkpoint: {p} does not exist (expected a model directory or a .gguf file)"
+        )
+    if p.is_file():
+        if p.suffix != ".gguf":
+            raise ValueError(
+                f"--hf-checkpoint: {p} is a file but not a .gguf file; pass a model directory instead"
+            )
+        return p.parent, p.name
+    if not p.is_dir():
+        raise ValueError(f"--hf-checkpoint: {p} is neither a directory nor a .gguf file")
+    return p, None
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight files transformers would load from `directory` (see the module docstring); [] if none.
+
+    For a sharded index, the shards its weight_map names (sorted), missing ones included, so that
+    `check_model` can name them.
+
+    Raises:
+        ValueError: an index file that is not JSON with a weight_map object (naming the file).
+    """
+    for name in WEIGHT_FILES:
+        path = directory / name
+        if not path.is_file():
+            continue
+        if not name.endswith(".index.json"):
+            return [path]
+        try:
+            weight_map = json.loads(path.read_text(encoding="utf-8"))["weight_map"]
+            return [directory / shard for shard in sorted(set(weight_map.values()))]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"--hf-checkpoint: {path} is not a weight index (JSON with a weight_map object): {e}"
+            ) from None
+    return []
+
+
+def has_tokenizer(directory: Path) -> bool:
+    """Whether `directory` holds a tokenizer's vocabulary (TOKENIZER_FILES or sentencepiece.bpe.model)."""
+    return any((directory / name).is_file() for name in (*TOKENIZER_FILES, "sentencepiece.bpe.model"))
+
+
+def check_model(path: str | Path, *, tokenizer: bool = True, weights: bool = True) -> tuple[Path, str | None]:
+    """Check that `--hf-checkpoint` holds a config, a tokenizer (if `tokenizer`) and whole weights (if
+    `weights`); return `split_checkpoint(path)`.
+
+    Raises:
+        FileNotFoundError / ValueError: naming `--hf-checkpoint`, the directory or file and every
+            expected file that is missing; a truncated weight file with the size its header states
+            and the size it has; a .gguf without the GGUF magic bytes.
+    """
+    directory, gguf = split_checkpoint(path)
+    if gguf is not None:
+        problem = gguf_problem(directory / gguf)
+        if problem:
+            raise ValueError(f"--hf-checkpoint: {directory / gguf} {problem}")
+        return directory, gguf
+    missing = [] if (directory / "config.json").is_file() else ["config.json"]
+    if tokenizer and not has_tokenizer(directory):
+        missing.append(f"the tokenizer (expected {_EXPECTED_TOKENIZER})")
+    files = weight_files(directory) if weights else []
+    if weights and not files:
+        missing.append(f"the weights (expected {_EXPECTED_WEIGHTS})")
+    if missing:
+        raise ValueError(
+            f"--hf-checkpoint: {directory} is not a complete model directory (a save_pretrained folder): "
+            "missing " + "; missing ".join(missing)
+        )
+    for file in files:
+        problem = weight_file_problem(file)
+        if problem:
+            raise ValueError(f"--hf-checkpoint: {file} {problem}")
+    return directory, None
+
+
+def weight_file_problem(path: Path) -> str | None:
+    """What is wrong with one weight file (missing, truncated, not the format its name says), or None."""
+    if not path.is_file():
+        return "is missing (the weight index names it)"
+    if path.suffix == ".safetensors":
+        return safetensors_problem(path)
+    with open(path, "rb") as f:
+        zipped = f.read(2) == b"PK"
+    if zipped and not zipfile.is_zipfile(path):  # torch.save's zip archive lost its end (directory)
+        return f"is truncated or corrupt: a torch zip archive without its central directory ({_size(path)})"
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why `path` is not a whole safetensors file (see the module docstring), or None."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"is truncated: {size} bytes, shorter than the 8-byte header length of a safetensors file"
+        header_len = int.from_bytes(head, "little")
+        if 8 + header_len > size:
+            return (
+                f"is truncated: its header says {8 + header_len} bytes of header, the file has {size} bytes"
+            )
+        try:
+            header = json.loads(f.read(header_len))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError):
+            return "is not a safetensors file (its header is not the JSON table of tensors)"
+    expected = 8 + header_len + int(end)
+    if size < expected:
+        return f"is truncated: header says {expected} bytes, file has {size}"
+    if size > expected:
+        return f"is not a whole safetensors file: header says {expected} bytes, file has {size}"
+    return None
+
+
+def gguf_problem(path: Path) -> str | None:
+    """Why `path` is not a GGUF file (it does not start with the magic bytes `GGUF`), or None."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        return f"is not a GGUF file: it starts with {magic!r}, a GGUF file with {GGUF_MAGIC!r}"
+    return None
+
+
+def _size(path: Path) -> str:
+    return f"{path.stat().st_size} bytes"
+
+
+# ------------------------------------------------------------------------------- fingerprints
+_LEGACY = re.compile(r"[0-9a-f]{16}")
+
+FingerprintMatch = Literal["same", "different", "config-only"]
+"""How a stored model fingerprint compares with this run's: "config-only" is one stored before the
+weights were fingerprinted (config hash only) whose config matches; the weights could not be compared."""
+
+
+def compare_model_fingerprints(stored: str, current: str) -> FingerprintMatch:
+    """Compare a model fingerprint stored in a recording or checkpoint with the current model's.
+
+    A fingerprint is "<config part>-w<weights part>" (core/modeling.py). One stored before weights
+    were fingerprinted is the config part alone (16 hex digits): it matches as "config-only" when it
+    equals the current config part, so old recordings and checkpoints still load (with a warning,
+    `config_only_warning`) unless their config differs.
+    """
+    if stored == current:
+        return "same"
+    if _LEGACY.fullmatch(stored) and current.split("-w", 1)[0] == stored:
+        return "config-only"
+    return "different"
+
+
+def config_only_warning(what: str) -> str:
+    """The warning for a "config-only" match; `what` names the recording or checkpoint."""
+    return (
+        f"warning: {what} predates weight fingerprints: only the model's config matched, so weights "
+        "changed since it was made would go unnoticed; record (or save) it again to store the full fingerprint"
+    )

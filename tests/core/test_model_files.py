@@ -1,0 +1,206 @@
+"""The model folder --hf-checkpoint names: what it must hold (issue 15 items 7, 9) and its fingerprint,
+which covers the weights (item 5): a replay or resume with other weights and the same config is refused."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from runs import SHORT
+
+from grpolab.cli import main
+from grpolab.core import file_hash
+from grpolab.core.model_files import check_model, compare_model_fingerprints
+from grpolab.core.modeling import model_fingerprint
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test hashes into its own cache (never the user's ~/.cache)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "grpolab" / file_hash.CACHE_NAME
+
+
+def copy_model(tiny_model_dir: Path, where: Path) -> Path:
+    shutil.copytree(tiny_model_dir, where)
+    return where
+
+
+def flip_weight_byte(model: Path) -> None:
+    """Change one byte of the last tensor's data: same size, same header, other weights."""
+    path = model / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_fingerprint_covers_the_weights_and_keeps_the_config_part(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    other = copy_model(tiny_model_dir, tmp_path / "other")
+    flip_weight_byte(other)
+    before, after = model_fingerprint(tiny_model_dir), model_fingerprint(other)
+    assert before != after  # the same config.json, other weights
+    config_part, weights_part = before.split("-w")
+    assert len(config_part) == len(weights_part) == 16
+    assert after.startswith(config_part + "-w")
+    assert compare_model_fingerprints(before, after) == "different"
+
+
+def test_weight_hashes_are_cached_by_path_size_and_mtime(
+    tiny_model_dir: Path, tmp_path: Path, own_cache
+) -> None:
+    model = copy_model(tiny_model_dir, tmp_path / "m")
+    first = model_fingerprint(model)
+    weights = str((model / "model.safetensors").resolve())
+    cache = json.loads(own_cache.read_text())
+    entry = cache[weights]
+    assert entry["size"] == (model / "model.safetensors").stat().st_size and len(entry["sha256"]) == 64
+    entry["sha256"] = "0" * 64  # a cached hash is used as is: the file is not read again
+    own_cache.write_text(json.dumps(cache))
+    assert model_fingerprint(model) != first
+    st = (model / "model.safetensors").stat()
+    os.utime(model / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert model_fingerprint(model) == first  # a new mtime: hashed again, the true hash comes back
+    assert not any(p.name.startswith(".file-hashes") for p in own_cache.parent.iterdir())  # no temp left
+
+
+def test_an_unwritable_cache_does_not_fail(tiny_model_dir: Path, tmp_path: Path, monkeypatch, caplog) -> None:
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # the cache folder cannot be made under a file
+    with caplog.at_level(logging.WARNING, logger="grpolab"):
+        fingerprint = model_fingerprint(tiny_model_dir)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "ok"))
+    assert fingerprint == model_fingerprint(tiny_model_dir)
+    assert "cannot write the weight-hash cache" in caplog.text
+
+
+def test_fingerprints_stored_before_weights_were_covered() -> None:
+    current = "0123456789abcdef-wfedcba9876543210"
+    assert compare_model_fingerprints(current, current) == "same"
+    assert compare_model_fingerprints("0123456789abcdef", current) == "config-only"  # old, same config
+    assert compare_model_fingerprints("1123456789abcdef", current) == "different"  # old, other config
+    assert compare_model_fingerprints("0123456789abcdef-w0000000000000000", current) == "different"
+    assert compare_model_fingerprints("", current) == "different"
+
+
+def incomplete_models(tiny_model_dir: Path, tmp: Path) -> dict[str, tuple[Path, list[str]]]:
+    """Broken copies of the tiny model and what the error must say about each."""
+    only_config = tmp / "only_config"
+    only_config.mkdir()
+    shutil.copy(tiny_model_dir / "config.json", only_config)
+    no_weights = copy_model(tiny_model_dir, tmp / "no_weights")
+    (no_weights / "model.safetensors").unlink()
+    truncated = copy_model(tiny_model_dir, tmp / "truncated")
+    size = (truncated / "model.safetensors").stat().st_size
+    (truncated / "model.safetensors").write_bytes(
+        (tiny_model_dir / "model.safetensors").read_bytes()[:100_000]
+    )
+    sharded = copy_model(tiny_model_dir, tmp / "sharded")
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    not_gguf = tmp / "model.gguf"
+    not_gguf.write_bytes(b"<html>not a model</html>")
+    return {
+        "only_config": (
+            only_config,
+            ["missing the tokenizer (expected tokenizer.json", "missing the weights"],
+        ),
+        "no_weights": (no_weights, ["missing the weights (expected model.safetensors or pytorch_model.bin"]),
+        "truncated": (
+            truncated,
+            [f"{truncated / 'model.safetensors'} is truncated: header says {size} bytes, file has 100000"],
+        ),
+        "sharded": (sharded, ["model-00002-of-00002.safetensors is missing (the weight index names it)"]),
+        "not_gguf": (not_gguf, [f"{not_gguf} is not a GGUF file: it starts with b'<htm'"]),
+    }
+
+
+def test_incomplete_model_folders_are_bad_input_before_any_run_dir(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    for name, (model, needles) in incomplete_models(tiny_model_dir, tmp_path).items():
+        run_dir = tmp_path / f"run_{name}"
+        with pytest.raises(SystemExit) as info:
+            main(["train", "--hf-checkpoint", str(model), "--run-dir", str(run_dir)])
+        err = capsys.readouterr().err
+        assert info.value.code == 2, name
+        assert f"--hf-checkpoint: {model}" in err and "Traceback" not in err, err
+        for needle in needles:
+            assert needle in err, (name, err)
+        assert not run_dir.exists(), name
+
+
+def test_only_config_is_reported_as_missing_tokenizer_and_weights(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    only_config = tmp_path / "m"
+    only_config.mkdir()
+    shutil.copy(tiny_model_dir / "config.json", only_config)
+    with pytest.raises(ValueError) as info:
+        check_model(only_config)
+    message = str(info.value)
+    assert "chat template" not in message
+    assert "tokenizer.json" in message and "model.safetensors" in message
+    check_model(only_config, tokenizer=False, weights=False)  # config alone is what a config read needs
+
+
+def test_replay_with_other_weights_is_refused_and_old_recordings_warn(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """End to end: record, then replay into the same config with other weights (refused, exit 2), and
+    replay a recording whose header carries a fingerprint from before weights were covered (warned)."""
+    template = str(tmp_path / "rec" / "r_{rollout_id}.grz")
+    base = ["train", *SHORT, "--num-rollout", "1"]
+    assert (
+        main(
+            [
+                *base,
+                "--debug-rollout-only",
+                "--save-debug-rollout-data",
+                template,
+                "--run-dir",
+                str(tmp_path / "a"),
+            ]
+        )
+        == 0
+    )
+    other = copy_model(tiny_model_dir, tmp_path / "other")
+    flip_weight_byte(other)
+    replay = [*base, "--load-debug-rollout-data", template, "--hf-checkpoint"]
+    capsys.readouterr()
+    assert main([*replay, str(other), "--run-dir", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "was recorded with a different setup" in err and "model_fingerprint: recording has" in err
+    # the same recording with its fingerprint cut to the config part, as grpolab wrote it before
+    from grpolab.replay.recording import load_rollout, save_rollout
+
+    path = Path(template.format(rollout_id=0))
+    recording = load_rollout(path)
+    fingerprints = {
+        **recording.fingerprints,
+        "model_fingerprint": recording.fingerprints["model_fingerprint"][:16],
+    }
+    path.unlink()
+    save_rollout(
+        path,
+        recording.samples,
+        rollout_id=0,
+        weight_version=recording.weight_version,
+        run_seed=recording.run_seed,
+        sampler=recording.sampler,
+        fingerprints=fingerprints,
+        train_config=recording.train_config,
+        run_id=recording.run_id,
+        run_dir=recording.run_dir,
+        extra=recording.extra,
+    )
+    assert main([*replay, str(tiny_model_dir), "--run-dir", str(tmp_path / "c")]) == 0
+    console = (tmp_path / "c" / "console.log").read_text()
+    assert "predates weight fingerprints: only the model's config matched" in console
