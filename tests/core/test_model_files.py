@@ -204,3 +204,29 @@ def test_replay_with_other_weights_is_refused_and_old_recordings_warn(
     assert main([*replay, str(tiny_model_dir), "--run-dir", str(tmp_path / "c")]) == 0
     console = (tmp_path / "c" / "console.log").read_text()
     assert "predates weight fingerprints: only the model's config matched" in console
+
+
+@pytest.mark.slow  # three runs: 33 s on 2 busy cores
+def test_resume_with_other_weights_is_refused_and_old_checkpoints_warn(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """--load of a checkpoint saved from other weights (same config) is refused; one whose
+    trainer_state.json holds the config-only fingerprint of before resumes with a warning."""
+    ck = tmp_path / "ck"
+    base = ["train", *SHORT]
+    assert main([*base, "--num-rollout", "1", "--save", str(ck), "--run-dir", str(tmp_path / "a")]) == 0
+    other = copy_model(tiny_model_dir, tmp_path / "other")
+    flip_weight_byte(other)
+    capsys.readouterr()
+    resume = [*base, "--num-rollout", "2", "--load", str(ck), "--save", str(ck)]
+    assert main([*resume, "--hf-checkpoint", str(other), "--run-dir", str(tmp_path / "b")]) == 2
+    assert "was saved from another model (model fingerprint" in capsys.readouterr().err
+    state_file = ck / "iter_0000001" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["model_fingerprint"] = state["model_fingerprint"].split("-w")[
+        0
+    ]  # as written before weights counted
+    state_file.write_text(json.dumps(state))
+    assert main([*resume, "--run-dir", str(tmp_path / "c")]) == 0
+    console = (tmp_path / "c" / "console.log").read_text()
+    assert f"--load: {ck / 'iter_0000001'} predates weight fingerprints" in console
