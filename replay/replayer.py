@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from grpolab.core.batch import Sample
+from grpolab.core.model_files import compare_model_fingerprints, config_only_warning
 from grpolab.replay.recording import compare_fingerprints, format_path, load_rollout, save_rollout
 
 
@@ -106,6 +107,12 @@ class RolloutReplayer:
         recording = load_rollout(path)
         recorded = {**recording.fingerprints, "train_config": recording.train_config}
         current = {**self.identity.fingerprints, "train_config": self.identity.train_config}
+        model = current.get("model_fingerprint", "")
+        if compare_model_fingerprints(recorded.get("model_fingerprint", ""), model) == "config-only":
+            recorded["model_fingerprint"] = model  # made before weights were fingerprinted: warn, not refuse
+            note = config_only_warning(f"{self.flag}: {path}")
+            if note not in self.warnings:
+                self.warnings.append(note)
         diffs = compare_fingerprints(recorded, current)
         if diffs:
             message = f"{self.flag}: {path} was recorded with a different setup:\n  " + "\n  ".join(diffs)
