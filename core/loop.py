@@ -29,7 +29,7 @@ from grpolab.core.actor import LogProbs
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.dist import DistContext, all_gather_objects, shutdown
-from grpolab.core.engine.base import ReportsStats, Stoppable, capability
+from grpolab.core.engine.base import Closeable, ReportsStats, Stoppable, capability
 from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
 from grpolab.core.metrics import PhaseTimer, RunSummary, format_line, rollout_metrics, summary_row
@@ -85,6 +85,7 @@ class GRPORun:
     def create(cls, config: Config, argv: list[str]) -> GRPORun:
         """Join the world, pin threads and seeds, make the run directory (run.json first), build engine and actor."""
         ctx, run_dir = open_run(config, argv)
+        run: GRPORun | None = None
         try:
             if config.rollout.rollout_batch_size % ctx.world_size:
                 raise ValueError(
@@ -93,6 +94,7 @@ class GRPORun:
             run = cls(config, run_dir, ctx)
             run._maybe_resume()
         except BaseException as e:
+            close_engine(run.engine if run is not None else None)
             _log_end(e)
             run_dir.heartbeat("error", None, error=describe_exception(e))
             run_dir.finish("failed", error=f"{type(e).__name__}: {e}")
@@ -154,6 +156,7 @@ class GRPORun:
         finally:
             if gpu_sampler is not None:
                 gpu_sampler.stop()
+            close_engine(self.engine)  # engine servers the run launched end with it, however it ends
             restore_sigterm(previous_handler)
         self.run_dir.heartbeat("finished", self.state.next_rollout_id)  # left normally (diagnose hang)
         for line in self.summary.lines(self.run_dir.path, cfg.rollout.num_rollout):
@@ -384,6 +387,13 @@ class GRPORun:
         self.run_dir.log_metrics(
             kind, index if rollout_id is None else rollout_id, metrics, step=index if kind == "step" else None
         )
+
+
+def close_engine(engine: object | None) -> None:
+    """End what the engine launched (`Closeable`: the HTTP engine's servers and router); no-op otherwise."""
+    closeable = capability(engine, Closeable)
+    if closeable is not None:
+        closeable.close()
 
 
 def _log_end(exc: BaseException) -> None:

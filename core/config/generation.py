@@ -98,8 +98,21 @@ class RolloutConfig:
     """Seconds of failed engine calls and health checks before the run stops with an error naming the
     engine (never retry forever: Miles 101 manual, section 1.2)."""
     rollout_engine: str = "torch"
-    """Rollout engine kind: torch (the in-process engine on --device); an unknown kind stops the run
-    at start, listing the known ones (core/engine/factory.py registers them)."""
+    """Rollout engine kind: torch (the in-process engine on --device) or sglang (SGLang-API engine
+    servers behind a router: implied by --rollout-num-engines or --sglang-router-ip); an unknown kind
+    stops the run at start, listing the known ones (core/engine/factory.py registers them)."""
+    rollout_num_engines: int = 0
+    """Launch this many `grpolab serve` engine servers plus the real sglang-router for the run (logs in
+    RUN_DIR/engines/<i>.log and RUN_DIR/router.log; all ended when the run ends); 0 = in-process engine."""
+    sglang_router_ip: str | None = None
+    """Use the already running router (and its registered SGLang engines) at this address instead of
+    launching any; needs --sglang-router-port."""
+    sglang_router_port: int | None = None
+    """Port of the router at --sglang-router-ip, or of the router --rollout-num-engines launches
+    (default: a free port)."""
+    sglang_router_request_timeout_secs: float = 600.0
+    """Seconds one /generate request may take (the router's --request-timeout-secs; the trainer's own
+    HTTP timeout); a request that takes longer counts as an engine failure."""
 
     def __post_init__(self) -> None:
         require(
@@ -124,6 +137,42 @@ class RolloutConfig:
         require(0 < self.rollout_top_p <= 1, f"--rollout-top-p must be in (0, 1], got {self.rollout_top_p}")
         if self.rollout_top_k < 0:
             self.rollout_top_k = 0
+        self._check_servers()
+
+    @property
+    def uses_servers(self) -> bool:
+        """True when rollouts go to engine servers over HTTP (launched or already running)."""
+        return self.rollout_num_engines > 0 or self.sglang_router_ip is not None
+
+    def _check_servers(self) -> None:
+        """The engine-server flags agree with each other; they imply --rollout-engine sglang."""
+        require(
+            self.rollout_num_engines >= 0,
+            f"--rollout-num-engines must be >= 0, got {self.rollout_num_engines}",
+        )
+        require(
+            not (self.rollout_num_engines and self.sglang_router_ip is not None),
+            "--rollout-num-engines launches engines and a router; --sglang-router-ip uses running ones: pass one",
+        )
+        require(
+            self.sglang_router_ip is None or self.sglang_router_port is not None,
+            "--sglang-router-ip needs --sglang-router-port",
+        )
+        port = self.sglang_router_port
+        require(
+            port is None or self.uses_servers,
+            "--sglang-router-port needs --rollout-num-engines N (launch the router there) or --sglang-router-ip",
+        )
+        require(port is None or 1 <= port <= 65535, f"--sglang-router-port must be in 1..65535, got {port}")
+        timeout = self.sglang_router_request_timeout_secs
+        require(timeout > 0, f"--sglang-router-request-timeout-secs must be > 0, got {timeout}")
+        if self.uses_servers and self.rollout_engine == "torch":
+            self.rollout_engine = "sglang"
+        require(
+            self.rollout_engine != "sglang" or self.uses_servers,
+            "--rollout-engine sglang needs --rollout-num-engines N or --sglang-router-ip HOST "
+            "--sglang-router-port P",
+        )
 
     @property
     def samples_per_rollout(self) -> int:

@@ -9,8 +9,9 @@ which retries failed calls while the engine recovers and gives up after `--engin
 What only some engines can do is an optional capability, a small runtime-checkable protocol that a
 caller tests for with `capability(engine, Kind)` (which looks through an `EngineClient`):
 `ChecksWeights` (SGLang's `/weights_checker`, for the `--ci-test` weight-update checker),
-`ReportsStats` (throughput of the last `generate`, for `perf/rollout_tokens_per_sec`) and
-`Stoppable` (shut the engine down, for the `stop_engine_at_end` fault).
+`ReportsStats` (throughput of the last `generate`, for `perf/rollout_tokens_per_sec`),
+`Stoppable` (shut the engine down, for the `stop_engine_at_end` fault) and `Closeable` (end the
+processes an engine launched, when the run ends however it ends).
 """
 
 from __future__ import annotations
@@ -172,6 +173,15 @@ class Stoppable(Protocol):
 
     def shutdown(self, reason: str = "shutdown() was called") -> None:
         """Stop the engine; `reason` appears in its log and in later errors."""
+        ...
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """An engine that holds processes or files to release when the run ends (the HTTP engine's fleet)."""
+
+    def close(self) -> None:
+        """Release them; idempotent, never raises for an engine that already stopped."""
         ...
 
 

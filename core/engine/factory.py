@@ -1,16 +1,19 @@
 """Build the run's rollout engine from the config: one registry of engine kinds, one client around it.
 
-`build_engine(config)` builds the engine kind `--rollout-engine` names (today only "torch", the
-in-process `TorchEngine`) and wraps it in `client.EngineClient`, so every call fails after
-`--engine-failure-timeout` whatever the engine is. Adding an engine (an HTTP client for
-`grpolab serve`, SGLang) is one module with a `(Config) -> RolloutEngine` builder plus one
+`build_engine(config)` builds the engine kind `--rollout-engine` names ("torch", the in-process
+`TorchEngine`; "sglang", the HTTP engine over SGLang-API servers behind a router, which
+`--rollout-num-engines N` launches (`fleet.py`) or `--sglang-router-ip/--sglang-router-port` names)
+and wraps it in `client.EngineClient`, so every call fails after `--engine-failure-timeout` whatever
+the engine is. Adding an engine is one module with a `(Config) -> RolloutEngine` builder plus one
 `ENGINES.register(...)` line here; what only some engines can do is an optional capability in
 `base.py` that callers test for.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from grpolab.core.config import Config
 from grpolab.core.engine.base import RolloutEngine
@@ -44,6 +47,95 @@ def torch_engine(config: Config) -> RolloutEngine:
 
 
 ENGINES.register("torch")(torch_engine)
+
+log = logging.getLogger("grpolab")
+ROUTER_TIMEOUT_S = 10.0
+"""Seconds the router at --sglang-router-ip may take to list its workers or an engine its /model_info."""
+
+
+def sglang_engine(config: Config) -> RolloutEngine:
+    """`HttpEngine` over `--rollout-num-engines` launched `grpolab serve` engines + sglang-router, or over
+    the running fleet at `--sglang-router-ip:--sglang-router-port` (its engines must serve the model
+    of `--hf-checkpoint`: compared by `/model_info`'s `model_fingerprint` where an engine reports one).
+
+    Raises:
+        ValueError: a taken `--sglang-router-port`, an unreachable router, a router without engines,
+            a fleet serving another model, or more than one trainer rank (not supported yet).
+        fleet.FleetError: a launched engine or the router did not start (its log tail quoted).
+    """
+    import torch.distributed as dist
+
+    from grpolab.core.engine.fleet import Fleet
+    from grpolab.core.engine.http_engine import HttpEngine
+
+    rollout, model = config.rollout, config.model
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise ValueError(
+            "--rollout-num-engines / --sglang-router-ip: one trainer rank only for now (no torchrun)"
+        )
+    timeout = rollout.sglang_router_request_timeout_secs
+    if rollout.rollout_num_engines:
+        assert config.run.run_dir is not None  # open_run names it before the engine is built
+        fleet = Fleet.launch(
+            checkpoint=model.hf_checkpoint,
+            num_engines=rollout.rollout_num_engines,
+            run_dir=Path(config.run.run_dir),
+            device=model.device,
+            dtype=model.rollout_dtype,
+            router_port=rollout.sglang_router_port,
+            request_timeout_s=timeout,
+        )
+        log.info(
+            f"engine fleet: router {fleet.router_url}, engines {', '.join(e.url for e in fleet.engines)}"
+        )
+        urls = [e.url for e in fleet.engines]
+        return HttpEngine(
+            router_url=fleet.router_url, engine_urls=urls, fleet=fleet, request_timeout_s=timeout
+        )
+    router = f"http://{rollout.sglang_router_ip}:{rollout.sglang_router_port}"
+    urls = running_fleet_engines(router, model.hf_checkpoint)
+    return HttpEngine(router_url=router, engine_urls=urls, fleet=None, request_timeout_s=timeout)
+
+
+def running_fleet_engines(router: str, checkpoint: str) -> list[str]:
+    """The engine URLs the router at `router` lists, each checked to serve `checkpoint`'s model.
+
+    Raises:
+        ValueError: the router does not answer, lists no engine, or an engine's `model_fingerprint`
+            differs from `checkpoint`'s (both named).
+    """
+    from grpolab.core.engine.http_calls import HttpCallError, call_json
+    from grpolab.core.modeling import model_fingerprint
+
+    flags = "--sglang-router-ip/--sglang-router-port"
+    try:
+        workers = call_json("GET", router + "/workers", None, timeout=ROUTER_TIMEOUT_S)
+    except (HttpCallError, ValueError) as e:
+        raise ValueError(f"{flags}: no router answers at {router}: {e}") from None
+    urls = [w["url"] for w in (workers or {}).get("workers", []) if isinstance(w, dict) and w.get("url")]
+    if not urls:
+        raise ValueError(f"{flags}: the router at {router} has no engines registered (GET /workers is empty)")
+    ours = model_fingerprint(checkpoint)
+    for url in urls:
+        try:
+            info = call_json("GET", url + "/model_info", None, timeout=ROUTER_TIMEOUT_S) or {}
+        except (HttpCallError, ValueError) as e:
+            raise ValueError(f"{flags}: engine {url} (listed by the router) does not answer: {e}") from None
+        theirs = info.get("model_fingerprint") if isinstance(info, dict) else None
+        if theirs is None:
+            log.warning(
+                f"warning: engine {url} reports no model_fingerprint (a real SGLang): the model it "
+                f"serves ({info.get('model_path')!r}) is not checked against --hf-checkpoint {checkpoint}"
+            )
+        elif theirs != ours:
+            raise ValueError(
+                f"--hf-checkpoint {checkpoint} (fingerprint {ours}) is not the model engine {url} serves "
+                f"({info.get('model_path')!r}, fingerprint {theirs}); weight sync would load into the wrong model"
+            )
+    return urls
+
+
+ENGINES.register("sglang")(sglang_engine)
 
 
 def build_engine(config: Config) -> RolloutEngine:

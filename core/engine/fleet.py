@@ -1,0 +1,271 @@
+"""Launch and tear down a local engine fleet: N `grpolab serve` processes behind the real sglang-router.
+
+What `grpolab train --rollout-num-engines N` runs, the way Miles runs it: each engine is
+`python -m grpolab serve --hf-checkpoint M --port 0` (its log: `RUN_DIR/engines/<i>.log`, where it
+prints `grpolab serve: listening on URL`), the router is `python -m sglang_router.launch_router
+--host 127.0.0.1 --port P --request-timeout-secs T` (PyPI `sglang-router`, a Rust router that runs
+on CPU; its log: `RUN_DIR/router.log`), and each engine is registered through the router's worker
+API (`POST /workers {"url"}`, an async job; `GET /workers` lists it once registered and healthy).
+
+No orphan survives the trainer: every child starts in its own session (one process group, so
+`close` ends the engine and anything it started) and with the Linux parent-death signal set to
+SIGKILL, so even a SIGKILLed trainer takes its fleet with it. `close` (idempotent; also registered
+with `atexit`) sends SIGTERM to each group, waits `STOP_GRACE_S`, then SIGKILLs what is left.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpolab.core.engine.http_calls import HttpCallError, call_json
+
+ROUTER_MODULE = "sglang_router.launch_router"
+"""The router's launcher module in the `sglang-router` wheel (Miles: `sglang_router.launch_server`'s sibling)."""
+LISTENING = "grpolab serve: listening on "
+"""The line `grpolab serve` prints once it accepts connections (serve/command.py)."""
+STARTUP_TIMEOUT_S = 180.0
+"""Seconds an engine or the router may take to answer after launch (grpolab's: a tiny model starts in
+~5 s, SmolLM2-135M in ~20 s on a busy 2-core CPU machine; a real model on a GPU needs a longer wait,
+which is why an already running fleet can be used with --sglang-router-ip instead)."""
+STOP_GRACE_S = 10.0
+"""Seconds between SIGTERM and SIGKILL at teardown (the router's graceful shutdown takes ~2 s)."""
+BATCH_WAIT_MS = 200.0
+"""`--batch-wait-ms` of the engines grpolab launches: one request per sample arrives spread over a few
+ms (tens on a busy 2-core machine), and a wider gather window puts a rollout's requests into one decode,
+as the in-process engine does, which keeps log-probs bitwise equal to it (grpolab's choice; 0.2 s is
+~3% of a tiny-model rollout on CPU)."""
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class FleetError(RuntimeError):
+    """A fleet process failed to start or register; the message quotes its log tail."""
+
+
+class PortInUseError(ValueError):
+    """`--sglang-router-port` is taken (a flag error: exit 2)."""
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux: the atexit hook and process groups still apply
+        pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` now (the kernel's pick for port 0)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_port_free(host: str, port: int, flag: str) -> None:
+    """Raise PortInUseError naming `flag` when (host, port) cannot be bound."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise PortInUseError(f"{flag} {port}: {host}:{port} is in use ({e.strerror or e})") from e
+
+
+def log_tail(path: Path, n: int) -> list[str]:
+    """The last `n` lines of the log file at `path` (ANSI colour codes removed); [] when it is missing."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [_strip_ansi(line) for line in lines[-n:]]
+
+
+def _strip_ansi(line: str) -> str:
+    out, i = [], 0
+    while i < len(line):
+        if line[i] == "\x1b" and i + 1 < len(line) and line[i + 1] == "[":
+            j = i + 2
+            while j < len(line) and not line[j].isalpha():
+                j += 1
+            i = j + 1
+            continue
+        out.append(line[i])
+        i += 1
+    return "".join(out)
+
+
+@dataclass
+class FleetProcess:
+    """One launched process: a name for messages ("engine 0", "router"), its Popen, log and URL."""
+
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    url: str = ""
+
+    def exited(self) -> int | None:
+        """The exit code once the process has ended, else None."""
+        return self.proc.poll()
+
+    def describe_exit(self) -> str:
+        """ "engine 0 (http://...) exited with code -9 (killed by SIGKILL)" for messages."""
+        code = self.proc.returncode
+        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"code {code}"
+        return f"{self.name} ({self.url or 'not started'}) exited ({how})"
+
+
+def _spawn(name: str, argv: list[str], log_path: Path) -> FleetProcess:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
+    return FleetProcess(name, proc, log_path)
+
+
+class Fleet:
+    """N `grpolab serve` engines and one sglang-router, launched by `Fleet.launch`, ended by `close`.
+
+    Attributes:
+        router_url: "http://127.0.0.1:P".
+        engines: one `FleetProcess` per engine, in launch order (`url` set once it listens).
+        router: the router's `FleetProcess`.
+    """
+
+    def __init__(self, router: FleetProcess, engines: list[FleetProcess]) -> None:
+        self.router, self.engines = router, engines
+        self.router_url = router.url
+        self._closed = False
+        atexit.register(self.close)
+
+    @classmethod
+    def launch(
+        cls,
+        *,
+        checkpoint: str,
+        num_engines: int,
+        run_dir: Path,
+        device: str = "cpu",
+        dtype: str = "float32",
+        router_port: int | None = None,
+        request_timeout_s: float = 600.0,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    ) -> Fleet:
+        """Start the engines and the router, wait until each answers, register the engines.
+
+        Raises:
+            PortInUseError: `router_port` is taken (`--sglang-router-port`).
+            FleetError: a process exited or did not answer within `startup_timeout_s` (its log tail
+                is quoted), or the router did not list an engine as healthy; everything is torn down.
+        """
+        if num_engines < 1:
+            raise ValueError(f"--rollout-num-engines must be >= 1, got {num_engines}")
+        if importlib.util.find_spec("sglang_router") is None:
+            raise ValueError(
+                "--rollout-num-engines needs the sglang-router package (its Rust router runs on CPU): "
+                "pip install -e '.[servers]'"
+            )
+        port = router_port if router_port is not None else free_port()
+        check_port_free("127.0.0.1", port, "--sglang-router-port")
+        serve = [sys.executable, "-m", "grpolab", "serve", "--hf-checkpoint", str(checkpoint), "--port", "0"]
+        serve += ["--device", device, "--dtype", dtype, "--batch-wait-ms", f"{BATCH_WAIT_MS:g}"]
+        engines = [
+            _spawn(f"engine {i}", serve, Path(run_dir) / "engines" / f"{i}.log") for i in range(num_engines)
+        ]
+        router_argv = [sys.executable, "-m", ROUTER_MODULE, "--host", "127.0.0.1", "--port", str(port)]
+        router_argv += ["--request-timeout-secs", str(max(1, round(request_timeout_s)))]
+        router = _spawn("router", router_argv, Path(run_dir) / "router.log")
+        router.url = f"http://127.0.0.1:{port}"
+        fleet = cls(router, engines)
+        try:
+            deadline = time.monotonic() + startup_timeout_s
+            for engine in engines:
+                engine.url = _wait_listening(engine, deadline, startup_timeout_s)
+            _wait_router(router, deadline, startup_timeout_s)
+            for engine in engines:
+                call_json("POST", router.url + "/workers", {"url": engine.url}, timeout=30)
+            _wait_registered(router, [e.url for e in engines], deadline, startup_timeout_s)
+        except BaseException:
+            fleet.close()
+            raise
+        return fleet
+
+    def dead(self) -> list[FleetProcess]:
+        """The fleet's processes that have exited (router first)."""
+        return [p for p in (self.router, *self.engines) if p.exited() is not None]
+
+    def close(self) -> None:
+        """SIGTERM every process group, SIGKILL what is left after `STOP_GRACE_S`; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        procs = [p.proc for p in (self.router, *self.engines)]
+        for proc in procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(proc, signal.SIGKILL)  # anything the process started, and the process if alive
+            proc.wait()
+        atexit.unregister(self.close)
+
+
+def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # its own session: the group id is its pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _startup_failure(p: FleetProcess, why: str) -> FleetError:
+    tail = "\n".join(f"  {line}" for line in log_tail(p.log_path, 15)) or "  (its log is empty)"
+    return FleetError(f"{p.name} {why}; the last lines of {p.log_path}:\n{tail}")
+
+
+def _wait_listening(p: FleetProcess, deadline: float, timeout: float) -> str:
+    """The URL `grpolab serve` announces in its log; FleetError when it exits or the deadline passes."""
+    while time.monotonic() < deadline:
+        for line in log_tail(p.log_path, 50):
+            if LISTENING in line:
+                return line.split(LISTENING, 1)[1].strip()
+        if p.exited() is not None:
+            raise _startup_failure(p, f"exited with code {p.proc.returncode} while starting")
+        time.sleep(0.2)
+    raise _startup_failure(p, f"did not start listening within {timeout:g} s")
+
+
+def _wait_router(p: FleetProcess, deadline: float, timeout: float) -> None:
+    """Wait for the router's `/health` (liveness) to answer 200."""
+    while time.monotonic() < deadline:
+        if p.exited() is not None:
+            raise _startup_failure(p, f"exited with code {p.proc.returncode} while starting")
+        try:
+            call_json("GET", p.url + "/health", None, timeout=5)
+            return
+        except HttpCallError:
+            time.sleep(0.2)
+    raise _startup_failure(p, f"at {p.url} did not answer /health within {timeout:g} s")
+
+
+def _wait_registered(p: FleetProcess, urls: list[str], deadline: float, timeout: float) -> None:
+    """Poll `GET /workers` until every url is listed healthy."""
+    listed: dict = {}
+    while time.monotonic() < deadline:
+        answer = call_json("GET", p.url + "/workers", None, timeout=10)
+        listed = {w.get("url"): w.get("is_healthy") for w in (answer or {}).get("workers", [])}
+        if all(listed.get(u) for u in urls):
+            return
+        time.sleep(0.2)
+    missing = [u for u in urls if not listed.get(u)]
+    raise _startup_failure(p, f"did not list {missing} as healthy workers within {timeout:g} s")

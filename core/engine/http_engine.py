@@ -1,0 +1,359 @@
+"""The trainer's HTTP engine: a `RolloutEngine` over SGLang's native API, through a router, as Miles does.
+
+Generation: one `/generate` request per sample (as Miles sends them), all sent concurrently to the
+router, each with `input_ids`, `sampling_params` (temperature, top_p, top_k (-1 = off),
+max_new_tokens, stop_token_ids and the sample's `sampling_seed`, always sent: `grpolab serve`
+honours it; a real SGLang only with `--enable-deterministic-inference`), `return_logprob` and, when
+top-p/top-k filter the support, `return_sampling_mask`. sglang-router 0.3.2 drops
+`return_sampling_mask` on its way to the engine (its request type has no such field; Miles' router
+fork forwards it), so such requests go straight to the engines, round-robin by sample. The answer's
+`meta_info.output_token_logprobs` triples give the log-probs (float32 values written as JSON
+doubles: exact), `finish_reason.type` the finish, `weight_version` the version.
+
+Control calls go to every engine directly (what the router would fan out): weight sync writes each
+bucket as safetensors into a fresh directory under /dev/shm (tmpfs; the system temp dir when there is
+none) and calls `/update_weights_from_disk {model_path, weight_version}`; memory goes through
+`/release_memory_occupation` / `/resume_memory_occupation` (all tags); `--ci-test`'s checker through
+`/weights_checker`. Every HTTP call has a timeout; a failure raises, and `client.EngineClient`
+retries until `--engine-failure-timeout`. Before each rollout every engine must pass
+`/health_generate` (Miles' health monitor); while requests run, an engine process of the fleet that
+exits fails the call at once instead of waiting for the request timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import torch
+
+from grpolab.core.engine.base import (
+    EngineHealth,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    TensorMismatch,
+)
+from grpolab.core.engine.fleet import Fleet, log_tail
+from grpolab.core.engine.http_calls import EngineRequestError, HttpCallError, call_json
+
+log = logging.getLogger("grpolab")
+
+CONTROL_TIMEOUT_S = 120.0
+"""Seconds a control call (weights, memory, cache, checker) may take (grpolab's: a bucket of
+SmolLM2-135M loads in < 1 s on CPU; a hung engine fails within this, then --engine-failure-timeout)."""
+HEALTH_TIMEOUT_S = 20.0
+"""Seconds `/health_generate` may take: SGLang's own SGLANG_HEALTH_CHECK_TIMEOUT (20 s)."""
+MAX_IN_FLIGHT = 256
+"""Concurrent /generate requests per call (threads; the in-process engine's max batch is 256 too)."""
+WATCH_INTERVAL_S = 0.5
+"""Seconds between checks of the fleet's processes while requests run."""
+_MISMATCH = re.compile(r"(\S+) \[([\d, ]*)\] max_abs_err=(\S+)")
+
+
+def shm_root() -> str | None:
+    """/dev/shm when it is a writable directory (tmpfs on Linux), else None (the system temp dir)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and _writable(shm) else None
+
+
+def _writable(path: Path) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            return True
+    except OSError:
+        return False
+
+
+class HttpEngine:
+    """SGLang-API engines behind a router, seen as one `RolloutEngine` (plus the checker, stats, stop).
+
+    Args:
+        router_url: "http://HOST:PORT" of the router (every /generate goes there).
+        engine_urls: each engine's "http://HOST:PORT" (control calls, health, sampling-mask requests).
+        fleet: the processes grpolab launched (None for an already running fleet: left running at close).
+        request_timeout_s: seconds one /generate request may take (`--sglang-router-request-timeout-secs`).
+    """
+
+    def __init__(
+        self, *, router_url: str, engine_urls: list[str], fleet: Fleet | None, request_timeout_s: float
+    ) -> None:
+        if not engine_urls:
+            raise ValueError(f"the router at {router_url} has no engines registered (GET /workers is empty)")
+        self.router_url, self.engine_urls, self.fleet = router_url, list(engine_urls), fleet
+        self.request_timeout_s = request_timeout_s
+        self.weight_version = 0
+        self.memory_released = False
+        self._stopped: str | None = None
+        self._stats = {"tokens": 0.0, "seconds": 0.0, "tokens_per_s": 0.0}
+        self._suspect: int | None = None  # the engine that failed last, for log_tail
+        self._round_robin = itertools.count()
+
+    @property
+    def name(self) -> str:
+        """e.g. "sglang fleet (2 engines behind http://127.0.0.1:30000)"."""
+        n = len(self.engine_urls)
+        return f"sglang fleet ({n} engine{'s' if n != 1 else ''} behind {self.router_url})"
+
+    @property
+    def last_stats(self) -> dict[str, float]:
+        """`tokens`, `seconds`, `tokens_per_s` of the last `generate` (0 before any)."""
+        return dict(self._stats)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        """One concurrent /generate per request, results in request order.
+
+        Raises:
+            EngineRequestError: an engine answered 400 (its error quoted).
+            HttpCallError / RuntimeError: an engine or the router failed, or a fleet process exited.
+        """
+        self._check_usable()
+        self.check_health()
+        start = time.perf_counter()
+        direct = params.filters_support  # the router drops return_sampling_mask (module docstring)
+        targets = [self._target(direct) for _ in requests]
+        bodies = [generate_body(r, params) for r in requests]
+        answers = self._send_all(targets, bodies)
+        results = [parse_generate_answer(a, params, self.weight_version) for a in answers]
+        seconds = time.perf_counter() - start
+        tokens = float(sum(len(r.response_ids) for r in results))
+        self._stats = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
+        return results
+
+    def _target(self, direct: bool) -> str:
+        if not direct:
+            return self.router_url
+        return self.engine_urls[next(self._round_robin) % len(self.engine_urls)]
+
+    def _send_all(self, targets: list[str], bodies: list[dict]) -> list[object]:
+        """POST every body; fail at the first error or when a fleet process exits."""
+        pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_IN_FLIGHT, len(bodies))))
+        try:
+            futures: list[Future] = [
+                pool.submit(call_json, "POST", t + "/generate", b, timeout=self.request_timeout_s)
+                for t, b in zip(targets, bodies)
+            ]
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=WATCH_INTERVAL_S, return_when=FIRST_EXCEPTION)
+                for f in done:
+                    if f.exception() is not None:
+                        raise f.exception()
+                self._check_processes()
+            return [f.result() for f in futures]
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ weights and memory
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: int) -> int:
+        """Write the bucket as safetensors (tmpfs) and load it into every engine as `weight_version`."""
+        from safetensors.torch import save_file
+
+        self._check_usable()
+        folder = tempfile.mkdtemp(prefix="grpolab-weights-", dir=shm_root())
+        try:
+            tensors = {name: t.detach().to("cpu").clone() for name, t in named_tensors}
+            save_file(tensors, str(Path(folder) / "bucket.safetensors"))
+            del tensors
+            body = {"model_path": folder, "weight_version": str(weight_version)}
+            for answer in self._each_engine("POST", "/update_weights_from_disk", body):
+                if not (isinstance(answer, dict) and answer.get("success")):
+                    raise RuntimeError(f"/update_weights_from_disk did not succeed: {answer!r}")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.weight_version = weight_version
+        return weight_version
+
+    def release_memory(self) -> None:
+        """`/release_memory_occupation` (all tags) on every engine."""
+        self._check_usable()
+        self._each_engine("POST", "/release_memory_occupation", {})
+        self.memory_released = True
+
+    def resume_memory(self) -> None:
+        """`/resume_memory_occupation` (all tags) on every engine."""
+        self._check_usable()
+        self._each_engine("POST", "/resume_memory_occupation", {})
+        self.memory_released = False
+
+    def flush_cache(self) -> None:
+        """`/flush_cache` on every engine (SGLang refuses while requests run: raised as a failure, retried)."""
+        self._check_usable()
+        try:
+            self._each_engine("POST", "/flush_cache", None)
+        except EngineRequestError as e:
+            raise RuntimeError(str(e)) from None
+
+    def weights_checker(self, action: str, *, seed: int = 0) -> list[TensorMismatch]:
+        """SGLang's `/weights_checker` on every engine; "compare" lists the differing tensors it names.
+
+        A failed compare names at most 10 tensors; the others count as "<unnamed>" entries.
+
+        Raises:
+            ValueError: an unknown action, or "compare" before "snapshot" (the engine's error quoted).
+        """
+        if action not in ("snapshot", "reset_tensors", "compare", "checksum"):
+            raise ValueError(f"unknown weights_checker action {action!r}")
+        self._check_usable()
+        mismatches: list[TensorMismatch] = []
+        for i, url in enumerate(self.engine_urls):
+            try:
+                call_json("POST", url + "/weights_checker", {"action": action}, timeout=CONTROL_TIMEOUT_S)
+            except EngineRequestError as e:
+                if action != "compare" or "differ from the snapshot" not in str(e):
+                    raise
+                mismatches += parse_mismatches(str(e), engine=i)
+        return mismatches
+
+    # ------------------------------------------------------------------ health, logs, stop
+    def check_health(self) -> None:
+        """Every fleet process alive and every engine's `/health_generate` 200 (raises otherwise)."""
+        self._check_processes()
+        for i, url in enumerate(self.engine_urls):
+            try:
+                call_json("GET", url + "/health_generate", None, timeout=HEALTH_TIMEOUT_S)
+            except (HttpCallError, EngineRequestError) as e:
+                self._suspect = i
+                raise RuntimeError(f"engine {i} ({url}) failed its health check: {e}") from None
+
+    def health(self) -> EngineHealth:
+        """ok when every engine answers `/health_generate`; the detail names the first that does not."""
+        try:
+            if self._stopped:
+                raise RuntimeError(f"the engines were stopped: {self._stopped}")
+            self.check_health()
+        except RuntimeError as e:
+            return EngineHealth(
+                ok=False, weight_version=-1, memory_released=self.memory_released, detail=str(e)
+            )
+        return EngineHealth(ok=True, weight_version=self.weight_version, memory_released=self.memory_released)
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        """The last log lines of the engine that failed (else engine 0) and of the router."""
+        if self.fleet is None:
+            return [
+                f"(an already running fleet: the engines' logs are where they run; router {self.router_url})"
+            ]
+        i = self._suspect or 0
+        engine = self.fleet.engines[i]
+        router = [f"[router.log] {line}" for line in log_tail(self.fleet.router.log_path, 3)]
+        lines = [f"[engines/{i}.log] {line}" for line in log_tail(engine.log_path, max(1, n - len(router)))]
+        return lines + router
+
+    def shutdown(self, reason: str = "shutdown() was called") -> None:
+        """Stop the engines grpolab launched (an external fleet keeps running); later calls fail."""
+        self._stopped = reason
+        if self.fleet is not None:
+            self.fleet.close()
+
+    def close(self) -> None:
+        """End the processes grpolab launched (idempotent); an external fleet keeps running."""
+        if self.fleet is not None:
+            self.fleet.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _check_usable(self) -> None:
+        if self._stopped:
+            raise RuntimeError(f"the engines were stopped: {self._stopped}")
+
+    def _check_processes(self) -> None:
+        """RuntimeError naming the first fleet process that exited (grpolab-launched fleets only)."""
+        if self.fleet is None:
+            return
+        dead = self.fleet.dead()
+        if dead:
+            if dead[0] in self.fleet.engines:
+                self._suspect = self.fleet.engines.index(dead[0])
+            raise RuntimeError(dead[0].describe_exit())
+
+    def _each_engine(self, method: str, path: str, body: object) -> list[object]:
+        answers = []
+        for i, url in enumerate(self.engine_urls):
+            try:
+                answers.append(call_json(method, url + path, body, timeout=CONTROL_TIMEOUT_S))
+            except HttpCallError:
+                self._suspect = i
+                raise
+        return answers
+
+
+# ---------------------------------------------------------------------- bodies (pure)
+def generate_body(request: GenerationRequest, params: SamplingParams) -> dict:
+    """The /generate body for one sample (SGLang's `GenerateRequest` fields only)."""
+    sampling = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "max_new_tokens": params.max_new_tokens,
+        "stop_token_ids": list(params.stop_token_ids),
+        "sampling_seed": request.seed,
+    }
+    body = {
+        "input_ids": list(request.prompt_ids),
+        "sampling_params": sampling,
+        "return_logprob": True,
+        "rid": f"grpolab-{uuid.uuid4().hex}",
+    }
+    if params.filters_support:
+        body["return_sampling_mask"] = True
+    return body
+
+
+def parse_generate_answer(answer: object, params: SamplingParams, version: int) -> GenerationResult:
+    """One /generate answer -> GenerationResult (log-probs float32 [R]; kept ids when filtered).
+
+    Raises:
+        RuntimeError: an aborted request or an answer without the fields asked for (naming them).
+    """
+    if not isinstance(answer, dict) or not isinstance(answer.get("meta_info"), dict):
+        raise RuntimeError(f"/generate answered without meta_info: {str(answer)[:300]}")
+    ids, meta = list(answer.get("output_ids") or []), answer["meta_info"]
+    finish = (meta.get("finish_reason") or {}).get("type")
+    if finish not in ("stop", "length"):
+        raise RuntimeError(f"/generate finished with {meta.get('finish_reason')!r} (not stop or length)")
+    triples = meta.get("output_token_logprobs")
+    if triples is None or [t[1] for t in triples] != ids:
+        raise RuntimeError("/generate answered without output_token_logprobs matching output_ids")
+    kept = None
+    if params.filters_support:
+        masks = meta.get("output_token_sampling_mask")
+        if masks is None or len(masks) != len(ids):
+            raise RuntimeError("/generate answered without output_token_sampling_mask for every token")
+        kept = [torch.tensor(sorted(m), dtype=torch.int64) for m in masks]
+    raw_version = str(meta.get("weight_version", ""))
+    return GenerationResult(
+        response_ids=ids,
+        log_probs=torch.tensor([t[0] for t in triples], dtype=torch.float32),
+        finish_reason=finish,
+        kept_token_ids=kept,
+        weight_version=int(raw_version) if raw_version.isdigit() else version,
+    )
+
+
+def parse_mismatches(message: str, *, engine: int) -> list[TensorMismatch]:
+    """The tensors a failed `/weights_checker` compare names, plus one "<unnamed>" per "(and K more)"."""
+    found = [
+        TensorMismatch(
+            name=name if engine == 0 else f"engine{engine}/{name}",
+            shape=tuple(int(s) for s in shape.split(",") if s.strip()),
+            max_abs_err=float(err),
+            mean_abs_err=float(err),
+        )
+        for name, shape, err in _MISMATCH.findall(message)
+    ]
+    more = re.search(r"\(and (\d+) more\)", message)
+    for j in range(int(more.group(1)) if more else 0):
+        found.append(
+            TensorMismatch(
+                name=f"<unnamed {j}>", shape=(), max_abs_err=float("nan"), mean_abs_err=float("nan")
+            )
+        )
+    return found
