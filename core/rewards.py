@@ -257,9 +257,10 @@ def reward_value(value: Any, reward_key: str | None, *, where: str) -> float:
         ValueError: `{where} is a dict (keys [...]); set --reward-key ...` without a key,
             `{where} has no --reward-key 'k'; keys present: [...]`, or `{where} is not a number: ...`.
     """
-    number = _as_float(_pick_key(value, reward_key, where=where))
+    picked = _pick_key(value, reward_key, where=where)
+    number = _as_float(picked)
     if number is None:
-        raise ValueError(f"{where} is not a number: {_shorten(repr(value))}")
+        raise ValueError(f"{where} is not a number: {_shorten(repr(picked))}")
     return number
 
 
