@@ -55,7 +55,7 @@ MAX_IN_FLIGHT = 256
 """Concurrent /generate requests per call (threads; the in-process engine's max batch is 256 too)."""
 WATCH_INTERVAL_S = 0.5
 """Seconds between checks of the fleet's processes while requests run."""
-_MISMATCH = re.compile(r"(\S+) \[([\d, ]*)\] max_abs_err=(\S+)")
+_MISMATCH = re.compile(r"(\S+) \[([\d, ]*)\] max_abs_err=([^\s;]+)")
 
 
 def shm_root() -> str | None:
