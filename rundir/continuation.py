@@ -69,12 +69,20 @@ def continue_run(path: Path, config: dict[str, Any], start: dict[str, Any]) -> l
 def config_differences(saved: dict[str, Any], config: dict[str, Any]) -> list[str]:
     """`--flag X there, Y here` for each config field whose value differs, outside `CONTINUE_MAY_CHANGE`.
 
-    Both sides are compared as JSON (tuples as lists); a field only one side has counts as
-    different (shown as "(absent)").
+    `saved` (run.json's config) is read as `Config.from_dict` reads it, so a field added to the
+    config since it was written counts with its default; when it does not parse (a field since
+    removed), it is compared as written and a field only one side has shows as "(absent)". Both
+    sides are compared as JSON (tuples as lists).
     """
+    from grpolab.core.config import Config
     from grpolab.core.config.flags import train_flags
 
+    try:
+        saved = Config.from_dict(saved).to_dict()
+    except (ValueError, TypeError):
+        pass
     flags = {(f.section, f.field): f.flag for f in train_flags()}
+    saved = json.loads(json.dumps(saved, default=str))
     now = json.loads(json.dumps(config, default=str))
     out = []
     for section in sorted(set(saved) | set(now)):

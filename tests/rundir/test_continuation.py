@@ -143,12 +143,15 @@ def test_continue_run_appends_a_start_and_refuses_another_or_a_live_run(
 
 def test_config_differences_name_flags_and_fields_only_one_side_has() -> None:
     saved = Config().to_dict()
-    saved["optimizer"]["retired_field"] = 1
+    del saved["optimizer"]["adam_eps"]  # a run.json written before the field existed: its default
+    assert config_differences(saved, Config().to_dict()) == []
+    saved["optimizer"]["retired_field"] = 1  # written by a grpolab that had it: compared as written
     now = Config()
     now.checkpoint.load, now.checkpoint.allow_data_change, now.rollout.num_rollout = "x", True, 99
     got = config_differences(saved, now.to_dict())
     default = saved["rollout"]["num_rollout"]
     assert got == [
+        "--adam-eps (absent) there, 1e-08 here",
         "optimizer.retired_field 1 there, (absent) here",
         f"--num-rollout {default} there, 99 here",
     ]
