@@ -34,9 +34,11 @@ from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
 from grpolab.core.metrics import PhaseTimer, RunSummary, format_line, rollout_metrics, summary_row
 from grpolab.core.preflight import check_inputs
+from grpolab.core.rollout import check_recordings, planned_rollout_ids
 from grpolab.core.startup import build_parts, open_run, resume
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
+from grpolab.replay.paths import eval_rollout_id
 from grpolab.rundir.writer import CONSOLE_LOG_ONLY, RunDirectory, describe_exception
 
 log = logging.getLogger("grpolab")
@@ -93,6 +95,7 @@ class GRPORun:
                 )
             run = cls(config, run_dir, ctx)
             run._maybe_resume()
+            run._check_recordings()
         except BaseException as e:
             close_engine(run.engine if run is not None else None)
             _log_end(e)
@@ -109,6 +112,13 @@ class GRPORun:
                 next_rollout_id=restored.next_rollout_id, weight_version=version, resumed=True
             )
 
+    def _check_recordings(self) -> None:
+        """Before the first rollout: recordings to read exist; recordings to write replace no other run's."""
+        start, evals = self.state.next_rollout_id, self.engine is not None
+        for path in check_recordings(self.cfg, self.producer, self.recorder, start=start, evals=evals):
+            log.info(f"warning: --overwrite-debug-rollout-data: this run will replace {path}")
+            self.run_dir.event("recording_replaced", path=str(path))
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> Path:
         """Run the remaining rollouts; return the run directory. The last event is always `status`."""
@@ -122,7 +132,10 @@ class GRPORun:
                 return self._nothing_left()
             self.harness.first_sync(self.engine, self._sync_weights, resumed=self.state.resumed)
             self.run_dir.event("startup_sync", **self.timer.pop())
-            for rollout_id in range(self.state.next_rollout_id, cfg.rollout.num_rollout):
+            ids = planned_rollout_ids(
+                self.state.next_rollout_id, cfg.rollout.num_rollout, cfg.debug.debug_exit_after_rollout
+            )
+            for rollout_id in ids:
                 if self._eval_due(rollout_id):
                     self.evaluate(rollout_id)
                 self.step(rollout_id)
@@ -324,7 +337,7 @@ class GRPORun:
         cfg = self.cfg
         self.run_dir.heartbeat("eval", rollout_id)
         with self.timer("eval"):
-            metrics = evaluate(
+            result = evaluate(
                 self.engine,
                 self.eval_sets,
                 self.sampling,
@@ -336,8 +349,14 @@ class GRPORun:
                 custom_fn=self.producer.custom_reward,
                 reward_key=cfg.reward.reward_key,
             )
-        self._emit("eval", rollout_id, metrics)
-        self.harness.after_eval(rollout_id, metrics)
+        if self.recorder is not None:  # `eval_<id>` (Miles); evaluation runs on rank 0 only
+            eval_id = eval_rollout_id(rollout_id)
+            path, size = self.recorder.save(
+                result.samples, rollout_id=eval_id, weight_version=self.state.weight_version
+            )
+            self.run_dir.event("eval_recorded", rollout_id=rollout_id, id=eval_id, path=str(path), bytes=size)
+        self._emit("eval", rollout_id, result.metrics)
+        self.harness.after_eval(rollout_id, result.metrics)
 
     def _eval_due(self, rollout_id: int) -> bool:
         interval = self.cfg.eval.eval_interval

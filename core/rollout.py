@@ -8,12 +8,14 @@ The loop calls three phases per rollout id, in order:
   start id on): scored as live, compared with the recording (replayer.compare_rollouts), and the
   recording handed back instead;
 - `advantages`: GRPO advantages from the rewards (recomputed on replay and inject, as Miles).
-Each phase works on this rank's contiguous share of the rollout.
+Each phase works on this rank's contiguous share of the rollout. Before the first rollout,
+`check_recordings` checks every recording the run will replay or inject (`planned_rollout_ids`).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -25,10 +27,62 @@ from grpolab.core.dist import DistContext
 from grpolab.core.engine.base import GenerationRequest, RolloutEngine, SamplingParams
 from grpolab.core.metrics import PhaseTimer
 from grpolab.core.seeding import derive_sample_seed
-from grpolab.replay.replayer import InjectMismatchError, RolloutReplayer, RunIdentity, compare_rollouts
+from grpolab.replay.paths import eval_rollout_id
+from grpolab.replay.replayer import (
+    InjectMismatchError,
+    RolloutRecorder,
+    RolloutReplayer,
+    RunIdentity,
+    compare_rollouts,
+    frozen_recording_note,
+)
 from grpolab.rundir.writer import RunDirectory
 
 log = logging.getLogger("grpolab")
+
+
+def planned_rollout_ids(start: int, num_rollout: int, exit_after: int | None) -> list[int]:
+    """The rollout ids a run produces from `start`: up to `--num-rollout` - 1, and with
+    `--debug-exit-after-rollout N` none after the first id >= N (the loop stops there)."""
+    end = num_rollout if exit_after is None else min(num_rollout, max(exit_after, start) + 1)
+    return list(range(start, end))
+
+
+def planned_eval_ids(rollout_ids: list[int], eval_interval: int | None) -> list[int]:
+    """The evals the loop runs (`--eval-interval`): before each rollout whose id it divides, and one
+    after the last rollout; none when no rollout is left (a resumed run that is complete)."""
+    if eval_interval is None or not rollout_ids:
+        return []
+    return [r for r in rollout_ids if r % eval_interval == 0] + [rollout_ids[-1] + 1]
+
+
+def check_recordings(
+    config: Config,
+    producer: RolloutProducer,
+    recorder: RolloutRecorder | None,
+    *,
+    start: int,
+    evals: bool,
+) -> list[Path]:
+    """Before the first rollout of a run starting at rollout `start`: every recording it reads exists
+    and comes from one run (`RolloutProducer.check_recordings`), and none it writes (rollouts and,
+    when `evals` (an engine evaluates), its `eval_<id>` files) replaces another run's recording.
+
+    Returns:
+        The files `--overwrite-debug-rollout-data` lets this run replace.
+
+    Raises:
+        FileNotFoundError / RecordingMismatchError / RecordingError: see `RolloutReplayer.check_ready`.
+        FileExistsError: see `RolloutRecorder.check_free`.
+    """
+    debug = config.debug
+    ids = planned_rollout_ids(start, config.rollout.num_rollout, debug.debug_exit_after_rollout)
+    producer.check_recordings(ids)
+    if recorder is None:
+        return []
+    eval_ids = planned_eval_ids(ids, config.eval.eval_interval) if evals else []
+    written: list[int | str] = [*ids, *map(eval_rollout_id, eval_ids)]
+    return recorder.check_free(written, overwrite=debug.overwrite_debug_rollout_data)
 
 
 class RolloutProducer:
@@ -71,6 +125,7 @@ class RolloutProducer:
                 flag="--load-debug-rollout-data",
             )
         self.injector = None
+        self._first_inject: tuple[int, int, int] | None = None  # rollout, recorded and engine weight versions
         if debug.ci_inject_rollout_data_path:
             self.injector = RolloutReplayer(
                 debug.ci_inject_rollout_data_path,
@@ -78,6 +133,22 @@ class RolloutProducer:
                 allow_mismatch=debug.allow_recording_mismatch,
                 flag="--ci-inject-rollout-data-path",
             )
+
+    def check_recordings(self, rollout_ids: list[int]) -> None:
+        """Before the first rollout: every recording the run will read (`--load-debug-rollout-data`,
+        or `--ci-inject-rollout-data-path` from its start id) exists and comes from one run with this
+        run's setup (`RolloutReplayer.check_ready`), instead of failing after minutes of work.
+
+        Raises:
+            FileNotFoundError / RecordingMismatchError / RecordingError: see `check_ready`.
+        """
+        if self.replayer is not None:
+            self.replayer.check_ready(rollout_ids)
+            self._warn_mismatch(self.replayer)
+        if self.injector is not None:
+            start = self.cfg.debug.ci_inject_rollout_data_start_rollout_id
+            self.injector.check_ready([r for r in rollout_ids if r >= start])
+            self._warn_mismatch(self.injector)
 
     def rollout(self, rollout_id: int) -> list[Sample]:
         """This rank's samples of rollout `rollout_id`: generated (`perf/rollout_time`) or replayed."""
@@ -117,11 +188,14 @@ class RolloutProducer:
 
     def _inject(self, rollout_id: int, fresh: list[Sample]) -> list[Sample]:
         assert self.injector is not None
-        recorded, _ = self.injector.load(rollout_id)
+        recorded, version = self.injector.load(rollout_id)
         recorded = self._rank_share(recorded)
         self._warn_mismatch(self.injector)
         report = compare_rollouts(fresh, recorded, rollout_id=rollout_id)
         threshold = self.cfg.debug.ci_inject_rollout_data_min_match_ratio
+        engine_version = max((s.weight_version for s in fresh), default=0)
+        self._first_inject = self._first_inject or (rollout_id, version, engine_version)
+        note = frozen_recording_note(self._first_inject, version, engine_version)
         self.run_dir.event(
             "inject_check",
             rollout_id=rollout_id,
@@ -129,12 +203,15 @@ class RolloutProducer:
             min_ratio=report.min_ratio,
             threshold=threshold,
             worst=[m.__dict__ for m in report.worst],
+            recorded_weight_version=version,
+            engine_weight_version=engine_version,
+            note=note,
         )
-        log.info(f"inject {report.describe(threshold)}")
+        log.info(f"inject {report.describe(threshold)}" + (f"\n  note: {note}" if note else ""))
         if not report.mean_ratio > threshold:
+            why = note or "the engine holds other weights than the recording run's"
             raise InjectMismatchError(
-                f"--ci-inject-rollout-data-min-match-ratio: {report.describe(threshold)}; "
-                "the engine holds other weights than the recording run's"
+                f"--ci-inject-rollout-data-min-match-ratio: {report.describe(threshold)}; {why}"
             )
         return recorded
 
@@ -225,6 +302,10 @@ class RolloutProducer:
         return samples[self.dist.rank * share : (self.dist.rank + 1) * share]
 
     def _warn_mismatch(self, replayer: RolloutReplayer) -> None:
+        for message in replayer.notes:
+            log.info(f"warning: {message}")
+            self.run_dir.event("recording_origin_unknown", detail=message)
+        replayer.notes.clear()
         for message in replayer.warnings:
             log.info(f"warning: {message} (--allow-recording-mismatch)")
             self.run_dir.event("recording_mismatch_allowed", detail=message)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from grpolab.core.rollout import RolloutProducer
 from grpolab.core.seeding import seed_everything
 from grpolab.replay.recording import chat_template_hash, tokenizer_fingerprint
 from grpolab.replay.replayer import RolloutRecorder, RunIdentity
+from grpolab.rundir.reader import read_run_meta
 from grpolab.rundir.writer import RunDirectory, setup_console_logging
 
 if TYPE_CHECKING:
@@ -70,7 +72,8 @@ def open_run(config: Config, argv: list[str]) -> tuple[DistContext, RunDirectory
             argv=argv,
             seed=run_cfg.seed,
             mirror_events_to=config.debug.save_debug_event_data,
-            extra={"world_size": ctx.world_size, "backend": ctx.backend},
+            # run_id: names this run in every recording it writes (replays refuse mixed runs)
+            extra={"world_size": ctx.world_size, "backend": ctx.backend, "run_id": uuid.uuid4().hex[:16]},
             continuing=config.checkpoint.load is not None,
         )
     barrier(ctx)
@@ -145,7 +148,12 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         sampler = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
         sampler["max_new_tokens"] = sampling.max_new_tokens
         recorder = RolloutRecorder(
-            debug.save_debug_rollout_data, identity, run_seed=cfg.run.seed, sampler=sampler
+            debug.save_debug_rollout_data,
+            identity,
+            run_seed=cfg.run.seed,
+            sampler=sampler,
+            run_id=str(read_run_meta(run_dir.path).raw.get("run_id") or ""),  # written by open_run
+            run_dir=str(cfg.run.run_dir),
         )
     return RunParts(
         fingerprint=fingerprint,

@@ -1,4 +1,4 @@
-"""`grpolab replay convert IN.pt OUT.grz`, `grpolab replay inspect FILE [--sample K]` and
+"""`grpolab replay convert IN.pt OUT.grz [--force]`, `grpolab replay inspect FILE [--sample K]` and
 `grpolab replay logprobs RUN_DIR --rollout N [--force]`.
 
 Wiring: `add_replay_parser(subparsers)` adds the `replay` command (sets `args.command = "replay"`);
@@ -35,6 +35,7 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     conv.add_argument("input", help="Miles .pt file (loaded with torch.load(weights_only=True) only)")
     conv.add_argument("output", help="destination .grz file")
     conv.add_argument("--reward-key", default=None, help="key to read when a sample's reward is a dict")
+    conv.add_argument("--force", action="store_true", help="replace an existing output file")
     insp = sub.add_parser("inspect", help="print a recording's header, reward and length summaries")
     insp.add_argument("file", help=".grz recording (or a Miles .pt dump)")
     insp.add_argument(
@@ -65,7 +66,7 @@ def run_replay_command(
         if args.replay_command == "convert":
             from grpolab.replay.miles_import import convert_miles
 
-            n = convert_miles(args.input, args.output, reward_key=args.reward_key)
+            n = convert_miles(args.input, args.output, reward_key=args.reward_key, force=args.force)
             print(f"wrote {args.output} ({n} bytes)", file=out)
             return 0
         if args.replay_command == "inspect":
@@ -147,6 +148,15 @@ def _load_any(path: Path, reward_key: str | None) -> RolloutRecording:
     return load_rollout(path)
 
 
+def _run_line(rec: RolloutRecording) -> str:
+    """Which run made the recording: its run id and --run-dir, or why that is unknown."""
+    if rec.run_id:
+        return f"run {rec.run_id} (run dir {rec.run_dir or '?'})"
+    if rec.extra.get("source"):
+        return f"no grpolab run ({rec.extra['source']})"
+    return "(not recorded)"
+
+
 def _stats(values: list[float]) -> str:
     if not values:
         return "n/a"
@@ -192,6 +202,7 @@ def inspect_file(
     else:
         seed_line = "none"
     p(f"run seed: {rec.run_seed}   sample seeds: {seed_line}")
+    p(f"recorded by: {_run_line(rec)}")
     p("sampler: " + (", ".join(f"{k}={v}" for k, v in rec.sampler.items()) or "(not recorded)"))
     from grpolab.replay.recording import FINGERPRINT_FIELDS
 

@@ -314,3 +314,60 @@ def read_container(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarr
     except IsADirectoryError:
         raise RecordingError(f"{path}: is a directory, not a recording") from None
     return decode_container(data, name=str(path))
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """The JSON header of a `.grz` container, without decompressing its arrays.
+
+    For start-up checks over many recordings (run identities, fingerprints): only the preamble and
+    the start of the zstd frame are read. The checksums cover the whole payload, so they are
+    checked when the file is loaded with `read_container`, not here.
+
+    Raises:
+        RecordingError: the file does not exist or is a directory, is not a recording, comes from a
+            newer grpolab, or its index is truncated, undecompressable or not a JSON object.
+    """
+    path, name = Path(path), str(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(PREAMBLE_NBYTES)
+            if len(head) < PREAMBLE_NBYTES or head[:8] != MAGIC:
+                return decode_container(head, name=name)[0]  # raises: truncated / not a recording
+            (version,) = struct.unpack_from("<I", head, 8)
+            if not 1 <= version <= FORMAT_VERSION:
+                return decode_container(head, name=name)[0]  # raises: newer / invalid version
+            try:
+                reader = zstandard.ZstdDecompressor().stream_reader(f)
+                (index_nbytes,) = struct.unpack("<Q", _read_exact(reader, 8, name))
+                payload_nbytes = _PREAMBLE.unpack_from(head, 0)[3]
+                if 8 + index_nbytes > payload_nbytes:
+                    raise _fail(
+                        name,
+                        f"malformed payload: index length {index_nbytes} exceeds the payload ({payload_nbytes} bytes)",
+                    )
+                index_bytes = _read_exact(reader, index_nbytes, name)
+            except zstandard.ZstdError as e:
+                raise _fail(name, f"corrupt recording: compressed payload unreadable ({e})") from None
+    except FileNotFoundError:
+        raise RecordingError(f"{path}: no such recording") from None
+    except IsADirectoryError:
+        raise RecordingError(f"{path}: is a directory, not a recording") from None
+    try:
+        index = json.loads(index_bytes.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _fail(name, f"malformed index JSON: {e}") from None
+    if not isinstance(index, dict) or not isinstance(index.get("header"), dict):
+        raise _fail(name, "malformed index: expected an object with a 'header' object")
+    return index["header"]
+
+
+def _read_exact(reader: Any, n: int, name: str) -> bytes:
+    """Exactly `n` decompressed bytes from a zstd stream reader (RecordingError when it ends first)."""
+    chunks, got = [], 0
+    while got < n:
+        chunk = reader.read(min(n - got, 1 << 20))
+        if not chunk:
+            raise _fail(name, f"truncated recording: the payload ends within its {n}-byte index")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)

@@ -22,7 +22,8 @@ import torch
 from grpolab.core.batch import Sample
 from grpolab.core.rewards import reward_value
 from grpolab.replay.format import RecordingError
-from grpolab.replay.recording import check_rollout_id, save_rollout
+from grpolab.replay.paths import check_rollout_id
+from grpolab.replay.recording import save_rollout
 
 REQUIRED = ("tokens", "response_length", "rollout_log_probs", "reward", "status", "group_index", "index")
 STATUS_TO_FINISH = {"completed": "stop", "truncated": "length", "aborted": "length", "failed": "length"}
@@ -250,7 +251,12 @@ def miles_samples(
 
 
 def convert_miles(
-    in_path: str | Path, out_path: str | Path, *, reward_key: str | None = None, level: int = 3
+    in_path: str | Path,
+    out_path: str | Path,
+    *,
+    reward_key: str | None = None,
+    force: bool = False,
+    level: int = 3,
 ) -> int:
     """Convert a Miles/slime `.pt` rollout dump to a `.grz` recording.
 
@@ -258,13 +264,17 @@ def convert_miles(
         in_path: the `.pt` file (read with `torch.load(weights_only=True)` only).
         out_path: destination `.grz` (written atomically).
         reward_key: key to pick when rewards are dicts (Miles `--reward-key`).
+        force: replace an existing `out_path` (`grpolab replay convert --force`).
 
     Returns:
         Bytes written.
 
     Raises:
+        FileExistsError: `out_path` exists and `force` is False (checked before reading the dump).
         RecordingError: see `load_miles_pt` and `miles_samples`.
     """
+    if not force and Path(out_path).exists():
+        raise FileExistsError(f"{out_path} already exists; pass --force to replace it")
     dump = load_miles_pt(in_path)
     samples = miles_samples(dump, name=str(in_path), reward_key=reward_key)
     rollout_id = dump.get("rollout_id", 0)

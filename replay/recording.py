@@ -1,7 +1,8 @@
 """Rollout <-> `.grz` recording: what a rollout recording holds and how Samples map onto arrays.
 
 Header (JSON): kind, format_version, rollout_id (int, or "eval_N"), weight_version, run_seed,
-sampler settings, model/tokenizer fingerprints, chat template hash, train_config (the config
+run_id and run_dir (the recording run's identity, `RUN_DIR/run.json`'s run_id and its --run-dir;
+absent from recordings made before they existed, read as ""), sampler settings, model/tokenizer fingerprints, chat template hash, train_config (the config
 fields that change training), created (unix seconds), num_samples, extra (free-form notes, e.g.
 "seeds unknown" for imports), and per-sample text fields and metadata (`samples` object).
 
@@ -19,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import string
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,12 +30,12 @@ import torch
 
 from grpolab.core.batch import Sample
 from grpolab.replay.format import FORMAT_VERSION, RecordingError, read_container, write_container
+from grpolab.replay.paths import check_rollout_id
 
 KIND = "grpolab.rollout"
 FINISH_CODES: dict[str, int] = {"stop": 0, "length": 1}
 FINISH_NAMES: dict[int, str] = {v: k for k, v in FINISH_CODES.items()}
 FINGERPRINT_FIELDS = ("model_fingerprint", "tokenizer_fingerprint", "chat_template_hash")
-_ROLLOUT_ID = re.compile(r"(eval_)?\d+")
 TEXT_FIELDS = ("prompt_text", "response_text", "label", "metadata")
 _PER_SAMPLE_INT = ("index", "prompt_index", "group_index", "sample_index", "weight_version")
 
@@ -49,6 +48,8 @@ class RolloutRecording:
         rollout_id: training rollout id (int) or an eval id string such as "eval_3".
         weight_version: engine weight version the rollout was generated with.
         run_seed: the run's `--seed`.
+        run_id: the recording run's id (run.json's run_id); "" when unknown (older recordings, imports).
+        run_dir: the recording run's `--run-dir` as it gave it; "" when unknown.
         seeds: uint64 [N], each sample's sampling seed (0 where unknown, see `extra`).
         sampler: temperature, top_p, top_k, max_new_tokens (as recorded).
         model_fingerprint / tokenizer_fingerprint / chat_template_hash: hex digests ("" if unknown).
@@ -70,57 +71,14 @@ class RolloutRecording:
     created: float
     samples: list[Sample]
     format_version: int = FORMAT_VERSION
+    run_id: str = ""
+    run_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def fingerprints(self) -> dict[str, str]:
         """{model_fingerprint, tokenizer_fingerprint, chat_template_hash} for `compare_fingerprints`."""
         return {k: getattr(self, k) for k in FINGERPRINT_FIELDS}
-
-
-# ---------------------------------------------------------------------------------------- paths
-def eval_rollout_id(rollout_id: int) -> str:
-    """The id an eval rollout uses in path templates: "eval_<id>" (Miles convention)."""
-    return f"eval_{int(rollout_id)}"
-
-
-def check_rollout_id(rollout_id: Any) -> None:
-    """Raise ValueError unless `rollout_id` is an int >= 0 (not a bool) or a string "eval_N"."""
-    ok_int = isinstance(rollout_id, int) and not isinstance(rollout_id, bool) and rollout_id >= 0
-    if not (ok_int or (isinstance(rollout_id, str) and _ROLLOUT_ID.fullmatch(rollout_id))):
-        raise ValueError(f"rollout id must be an int >= 0 or 'eval_N', got {rollout_id!r}")
-
-
-def format_path(template: str, rollout_id: int | str) -> str:
-    """Expand a `--save-debug-rollout-data` / `--load-debug-rollout-data` template.
-
-    Args:
-        template: a path containing `{rollout_id}` exactly as a field (no other fields; `{{`/`}}`
-            are literal braces).
-        rollout_id: int >= 0 for training rollouts, "eval_N" for eval rollouts.
-
-    Raises:
-        ValueError: the template lacks `{rollout_id}`, has any other field, a conversion or
-            format spec, or a stray brace; or rollout_id is neither an int >= 0 nor "eval_N".
-    """
-    check_rollout_id(rollout_id)
-    only = "the only field allowed is {rollout_id} (write {{ or }} for a literal brace)"
-    try:
-        parts = list(string.Formatter().parse(template))
-    except ValueError as e:
-        raise ValueError(f"path template {template!r} has a stray brace ({e}); {only}") from None
-    fields = [(f, spec, conv) for _, f, spec, conv in parts if f is not None]
-    for fname, spec, conv in fields:
-        if fname != "rollout_id":
-            raise ValueError(f"path template {template!r} has field {{{fname}}}; {only}")
-        if spec or conv:
-            raise ValueError(
-                f"path template {template!r}: write {{rollout_id}} without a conversion or format spec"
-            )
-    if not fields:
-        msg = "must contain {rollout_id}; without it every rollout overwrites one file"
-        raise ValueError(f"path template {template!r} {msg}")
-    return template.format(rollout_id=rollout_id)
 
 
 # --------------------------------------------------------------------------------- fingerprints
@@ -276,6 +234,8 @@ def save_rollout(
     sampler: dict[str, Any],
     fingerprints: dict[str, str],
     train_config: dict[str, Any],
+    run_id: str = "",
+    run_dir: str = "",
     extra: dict[str, Any] | None = None,
     level: int = 3,
 ) -> int:
@@ -290,6 +250,7 @@ def save_rollout(
         sampler: temperature, top_p, top_k, max_new_tokens (any JSON-serializable dict).
         fingerprints: any of model_fingerprint, tokenizer_fingerprint, chat_template_hash (missing -> "").
         train_config: config fields that change training (JSON-serializable).
+        run_id / run_dir: the recording run's identity ("" when there is no run, e.g. an import).
         extra: free-form JSON-serializable notes stored under `extra`.
 
     Returns:
@@ -311,6 +272,8 @@ def save_rollout(
         "rollout_id": rollout_id,
         "weight_version": int(weight_version),
         "run_seed": int(run_seed),
+        "run_id": str(run_id),
+        "run_dir": str(run_dir),
         "sampler": dict(sampler),
         **{k: str(fingerprints.get(k, "")) for k in FINGERPRINT_FIELDS},
         "train_config": dict(train_config),
@@ -358,6 +321,8 @@ def _validate(header: dict[str, Any], arrays: dict[str, np.ndarray], name: str) 
     check(type(n) is int and n >= 0, f"num_samples {n!r} is not an int >= 0")
     for k, types in (("weight_version", int), ("run_seed", int), ("sampler", dict), ("train_config", dict)):
         check(isinstance(header[k], types), f"header {k} {header[k]!r} must be of type {types.__name__}")
+    for k in ("run_id", "run_dir"):  # optional: recordings made before run identities lack them
+        check(isinstance(header.get(k, ""), str), f"header {k} {header.get(k)!r} must be a string")
     try:
         check_rollout_id(header["rollout_id"])
     except ValueError as e:
@@ -432,6 +397,8 @@ def load_rollout(path: str | Path) -> RolloutRecording:
         rollout_id=header["rollout_id"],
         weight_version=header["weight_version"],
         run_seed=header["run_seed"],
+        run_id=header.get("run_id", ""),
+        run_dir=header.get("run_dir", ""),
         seeds=arrays["seed"],
         sampler=header["sampler"],
         model_fingerprint=header.get("model_fingerprint", ""),

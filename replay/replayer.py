@@ -1,9 +1,15 @@
 """Recording rollouts during a run, replaying them into training, and checking injected rollouts.
 
-- `RolloutRecorder` writes each rollout to `--save-debug-rollout-data` (template with `{rollout_id}`).
-- `RolloutReplayer` loads `--load-debug-rollout-data` / `--ci-inject-rollout-data-path` recordings,
-  refusing one whose model, tokenizer, chat template or training-relevant config differs from this
-  run (the message lists the differing fields; `--allow-recording-mismatch` overrides).
+- `RolloutRecorder` writes each rollout to `--save-debug-rollout-data` (template with `{rollout_id}`),
+  each header naming the run that wrote it (run id, run dir); before the first rollout it refuses
+  to replace a recording another run made (`--overwrite-debug-rollout-data` allows it).
+- `RolloutReplayer` loads `--load-debug-rollout-data` / `--ci-inject-rollout-data-path` recordings.
+  Before the first rollout it checks that every one the run will read exists and that they come
+  from one run; it refuses a recording whose model, tokenizer, chat template or training-relevant
+  config differs from this run (the message lists the differing fields), and a set recorded by
+  different runs (naming the files and both runs); `--allow-recording-mismatch` turns both into
+  warnings. Recordings made before run identities existed carry none: they load, with a warning
+  that their origin cannot be checked.
 - `compare_rollouts` is the inject-mode check (Miles `RolloutDataInjectionUtil`, notes 1.5): prompt
   tokens must match exactly; per sample, response match ratio = positions where both responses hold
   the same token (compared up to the shorter length) / the longer length (1.0 if both are empty).
@@ -17,7 +23,12 @@ from typing import Any
 
 from grpolab.core.batch import Sample
 from grpolab.core.model_files import compare_model_fingerprints, config_only_warning
-from grpolab.replay.recording import compare_fingerprints, format_path, load_rollout, save_rollout
+from grpolab.replay.format import RecordingError, read_header
+from grpolab.replay.paths import SAVE_FLAG, format_path
+from grpolab.replay.recording import FINGERPRINT_FIELDS, compare_fingerprints, load_rollout, save_rollout
+
+SHOWN = 8
+"""How many files an error message lists before "and N more"."""
 
 
 class RecordingMismatchError(ValueError):
@@ -36,17 +47,87 @@ class RunIdentity:
     train_config: dict[str, Any]
 
 
+def _listing(lines: list[str]) -> str:
+    """Up to `SHOWN` lines, indented, then "and N more"."""
+    more = f"\n  ... and {len(lines) - SHOWN} more" if len(lines) > SHOWN else ""
+    return "\n  " + "\n  ".join(lines[:SHOWN]) + more
+
+
+def describe_run(header: dict[str, Any]) -> str:
+    """A recording's run identity for messages: "run <id> (run dir D, seed S)"; older recordings
+    have no run id and say so."""
+    run_id = header.get("run_id") or ""
+    if not run_id:
+        return f"an unnamed run (recorded before run identities, seed {header.get('run_seed')})"
+    return f"run {run_id} (run dir {header.get('run_dir') or '?'}, seed {header.get('run_seed')})"
+
+
 class RolloutRecorder:
-    """Writes every rollout of a run to `template.format(rollout_id=...)` (atomic, non-pickle)."""
+    """Writes every rollout of a run to `template.format(rollout_id=...)` (atomic, non-pickle).
+
+    Args:
+        template: `--save-debug-rollout-data`, a path template with `{rollout_id}`.
+        identity: fingerprints and training-relevant config written into every header.
+        run_seed: the run's `--seed`.
+        sampler: temperature, top_p, top_k, max_new_tokens.
+        run_id / run_dir: this run's identity (run.json's run_id, `--run-dir`), in every header.
+    """
 
     def __init__(
-        self, template: str, identity: RunIdentity, *, run_seed: int, sampler: dict[str, Any]
+        self,
+        template: str,
+        identity: RunIdentity,
+        *,
+        run_seed: int,
+        sampler: dict[str, Any],
+        run_id: str,
+        run_dir: str,
     ) -> None:
         format_path(template, 0)  # validate the template before any work
         self.template = template
         self.identity = identity
         self.run_seed = run_seed
         self.sampler = sampler
+        self.run_id = run_id
+        self.run_dir = run_dir
+
+    def check_free(self, rollout_ids: list[int | str], *, overwrite: bool) -> list[Path]:
+        """Before the first rollout: the files this run will write that already hold a recording.
+
+        A file recorded by this same run (its header names this run id: a run continued after a
+        crash redoes the rollouts after its last checkpoint) may be replaced.
+
+        Args:
+            rollout_ids: every id the run will record (ints, and "eval_N" for evals).
+            overwrite: `--overwrite-debug-rollout-data`: return the files instead of refusing.
+
+        Returns:
+            The existing files another run (or an unreadable file) holds that will be replaced.
+
+        Raises:
+            FileExistsError: some exist and `overwrite` is False (names the files, their runs and
+                the flag that allows it).
+        """
+        taken = []
+        for rollout_id in rollout_ids:
+            path = Path(format_path(self.template, rollout_id))
+            if not path.exists():
+                continue
+            try:
+                header = read_header(path)
+            except RecordingError as e:
+                taken.append((path, f"not a readable recording ({e})"))
+                continue
+            if not (self.run_id and header.get("run_id") == self.run_id):
+                taken.append((path, f"recorded by {describe_run(header)}"))
+        if taken and not overwrite:
+            raise FileExistsError(
+                f"{SAVE_FLAG}: {len(taken)} of the {len(rollout_ids)} recordings this run will write "
+                f"already exist (this run is {self.run_id}):"
+                + _listing([f"{p}: {why}" for p, why in taken])
+                + "\nchoose another template, or pass --overwrite-debug-rollout-data to replace them"
+            )
+        return [p for p, _ in taken]
 
     def save(self, samples: list[Sample], *, rollout_id: int | str, weight_version: int) -> tuple[Path, int]:
         """Write one rollout; return (path, bytes written)."""
@@ -61,6 +142,8 @@ class RolloutRecorder:
             sampler=self.sampler,
             fingerprints=self.identity.fingerprints,
             train_config=self.identity.train_config,
+            run_id=self.run_id,
+            run_dir=self.run_dir,
         )
         return path, size
 
@@ -85,13 +168,86 @@ class RolloutReplayer:
         subsample: float | None = None,
         flag: str,
     ) -> None:
-        format_path(template, 0)
+        format_path(template, 0, flag=flag)
         self.template = template
         self.identity = identity
         self.allow_mismatch = allow_mismatch
         self.subsample = subsample
         self.flag = flag
         self.warnings: list[str] = []
+        """Mismatches let through by allow_mismatch, for the caller to log (and clear)."""
+        self.notes: list[str] = []
+        """What could not be checked (recordings without a run id), for the caller to log (and clear)."""
+
+    def path(self, rollout_id: int) -> Path:
+        """Where recorded rollout `rollout_id` is read from."""
+        return Path(format_path(self.template, rollout_id, flag=self.flag))
+
+    def check_ready(self, rollout_ids: list[int]) -> None:
+        """Before the first rollout: every recording the run will read exists, was made with this
+        run's setup, and all come from one run. Reads the headers only.
+
+        Raises:
+            FileNotFoundError: listing every missing recording.
+            RecordingMismatchError: a recording made with another setup (see `load`), or recordings
+                of different runs (naming the files of each run); warnings instead with allow_mismatch.
+            grpolab.replay.format.RecordingError: a file that is not a readable recording.
+        """
+        paths = {rollout_id: self.path(rollout_id) for rollout_id in rollout_ids}
+        missing = [f"rollout {r}: expected {p}" for r, p in paths.items() if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{self.flag}: {len(missing)} of the {len(paths)} rollouts this run reads have no recording "
+                "(checked before the first rollout):" + _listing(missing)
+            )
+        headers = {p: read_header(p) for p in paths.values()}
+        for p, header in headers.items():
+            self._check_setup(
+                p, {k: header.get(k, "") for k in FINGERPRINT_FIELDS}, header.get("train_config")
+            )
+        self._check_one_run(headers)
+
+    def _check_one_run(self, headers: dict[Path, dict[str, Any]]) -> None:
+        by_run: dict[str, list[Path]] = {}
+        for p, header in headers.items():
+            by_run.setdefault(str(header.get("run_id") or ""), []).append(p)
+        unnamed = by_run.pop("", [])
+        if unnamed:
+            self.notes.append(
+                f"{self.flag}: {len(unnamed)} recording(s) predate run identities (no run_id in the header), "
+                f"so they cannot be checked to come from one run: {', '.join(map(str, unnamed[:SHOWN]))}"
+            )
+        if len(by_run) < 2:
+            return
+        runs = [
+            f"{', '.join(map(str, ps[:SHOWN]))}: {describe_run(headers[ps[0]])}" for ps in by_run.values()
+        ]
+        message = f"{self.flag}: these recordings come from {len(by_run)} different runs:" + _listing(runs)
+        if not self.allow_mismatch:
+            raise RecordingMismatchError(
+                message + "\n(one replay trains on one run's rollouts; pass --allow-recording-mismatch "
+                "to mix them anyway)"
+            )
+        self.warnings.append(message)
+
+    def _check_setup(self, path: Path, fingerprints: dict[str, str], train_config: Any) -> None:
+        """Refuse (or warn about, with allow_mismatch) a recording made with another setup."""
+        recorded = {**fingerprints, "train_config": train_config}
+        current = {**self.identity.fingerprints, "train_config": self.identity.train_config}
+        model = current.get("model_fingerprint", "")
+        if compare_model_fingerprints(recorded.get("model_fingerprint", ""), model) == "config-only":
+            recorded["model_fingerprint"] = model  # made before weights were fingerprinted: warn, not refuse
+            note = config_only_warning(f"{self.flag}: {path}")
+            if note not in self.warnings:
+                self.warnings.append(note)
+        diffs = compare_fingerprints(recorded, current)
+        if not diffs:
+            return
+        message = f"{self.flag}: {path} was recorded with a different setup:\n  " + "\n  ".join(diffs)
+        if not self.allow_mismatch:
+            raise RecordingMismatchError(message + "\n(pass --allow-recording-mismatch to replay it anyway)")
+        if message not in self.warnings:
+            self.warnings.append(message)
 
     def load(self, rollout_id: int) -> tuple[list[Sample], int]:
         """Samples of recorded rollout `rollout_id` and the weight version they were generated with.
@@ -101,30 +257,37 @@ class RolloutReplayer:
             RecordingMismatchError: listing every differing field (unless allow_mismatch).
             grpolab.replay.format.RecordingError: for a corrupt, truncated or future-version file.
         """
-        path = Path(format_path(self.template, rollout_id))
+        path = self.path(rollout_id)
         if not path.is_file():
             raise FileNotFoundError(f"{self.flag}: no recording for rollout {rollout_id}: expected {path}")
         recording = load_rollout(path)
-        recorded = {**recording.fingerprints, "train_config": recording.train_config}
-        current = {**self.identity.fingerprints, "train_config": self.identity.train_config}
-        model = current.get("model_fingerprint", "")
-        if compare_model_fingerprints(recorded.get("model_fingerprint", ""), model) == "config-only":
-            recorded["model_fingerprint"] = model  # made before weights were fingerprinted: warn, not refuse
-            note = config_only_warning(f"{self.flag}: {path}")
-            if note not in self.warnings:
-                self.warnings.append(note)
-        diffs = compare_fingerprints(recorded, current)
-        if diffs:
-            message = f"{self.flag}: {path} was recorded with a different setup:\n  " + "\n  ".join(diffs)
-            if not self.allow_mismatch:
-                raise RecordingMismatchError(
-                    message + "\n(pass --allow-recording-mismatch to replay it anyway)"
-                )
-            self.warnings.append(message)
+        self._check_setup(path, recording.fingerprints, recording.train_config)
         samples = recording.samples
         if self.subsample is not None:
             samples = subsample_samples(samples, self.subsample)
         return samples, recording.weight_version
+
+
+def frozen_recording_note(first: tuple[int, int, int], recorded_version: int, fresh_version: int) -> str:
+    """Inject mode: why this rollout's ratio may be below 1.0, or "" when nothing explains it.
+
+    A recording made without weight updates (`--debug-rollout-only`: every rollout generated by the
+    initial weights, weight version constant) matches a training run only at the first injected
+    rollout; after the first weight update the live policy has moved and the recording's has not.
+
+    Args:
+        first: (rollout id, recorded weight version, engine weight version) of the first injected rollout.
+        recorded_version / fresh_version: the same two versions at this rollout.
+    """
+    first_id, first_recorded, first_fresh = first
+    if recorded_version != first_recorded or fresh_version == first_fresh:
+        return ""
+    return (
+        f"the recording's weight version is still {recorded_version} as at rollout {first_id} (recorded without "
+        f"weight updates, e.g. --debug-rollout-only) while this run's engine moved from version {first_fresh} "
+        f"to {fresh_version}: the live policy was trained and the recording's was not, so the ratio can fall "
+        f"below 1.0 here; only rollout {first_id} is expected to match exactly"
+    )
 
 
 def subsample_samples(samples: list[Sample], fraction: float) -> list[Sample]:

@@ -22,7 +22,9 @@ class DebugConfig:
     debug_train_only: bool = False
     """Training only; no engine is built (implied by --load-debug-rollout-data)."""
     save_debug_rollout_data: str | None = None
-    """Record every rollout to this path template (must contain {rollout_id})."""
+    """Record every rollout to this path template (must contain {rollout_id}; evals go to eval_<id>)."""
+    overwrite_debug_rollout_data: bool = False
+    """Let --save-debug-rollout-data replace recordings another run made (refused by default)."""
     load_debug_rollout_data: str | None = None
     """Train from these recordings instead of generating (implies --debug-train-only)."""
     load_debug_rollout_data_subsample: float | None = None
@@ -45,7 +47,7 @@ class DebugConfig:
     """Also write the run's events.jsonl into this directory."""
 
     def __post_init__(self) -> None:
-        from grpolab.replay.recording import format_path
+        from grpolab.replay.paths import check_template
 
         if self.load_debug_rollout_data is not None:
             self.debug_train_only = True
@@ -64,10 +66,7 @@ class DebugConfig:
             ("--ci-inject-rollout-data-path", self.ci_inject_rollout_data_path),
         ):
             if template is not None:
-                try:
-                    format_path(template, 0)
-                except ValueError as e:
-                    raise ValueError(f"{flag}: {e}") from None
+                check_template(template, flag=flag)
         if self.ci_inject_rollout_data_path is not None:
             require(
                 not self.debug_train_only,
@@ -95,6 +94,10 @@ class DebugConfig:
         require(
             self.load_debug_rollout_data_subsample is None or self.load_debug_rollout_data is not None,
             "--load-debug-rollout-data-subsample needs --load-debug-rollout-data",
+        )
+        require(
+            not self.overwrite_debug_rollout_data or self.save_debug_rollout_data is not None,
+            "--overwrite-debug-rollout-data needs --save-debug-rollout-data",
         )
         require(
             self.debug_exit_after_rollout is None or self.debug_exit_after_rollout >= 0,

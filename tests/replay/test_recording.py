@@ -12,11 +12,10 @@ from replay_helpers import build_samples
 
 from grpolab.core.batch import Sample
 from grpolab.replay.format import RecordingError, decode_container, read_container, write_container
+from grpolab.replay.paths import LOAD_FLAG, check_template, eval_rollout_id, format_path
 from grpolab.replay.recording import (
     chat_template_hash,
     compare_fingerprints,
-    eval_rollout_id,
-    format_path,
     load_rollout,
     save_rollout,
     tokenizer_fingerprint,
@@ -218,6 +217,27 @@ def test_format_path() -> None:
     for bad_id in (-1, True, "3x", "eval_", 1.5):
         with pytest.raises(ValueError, match="rollout id"):
             format_path("/r/{rollout_id}", bad_id)  # type: ignore[arg-type]
+
+
+def test_a_template_without_rollout_id_is_explained_by_its_flag() -> None:
+    """Loading from one file would train every rollout on it; "overwrites" is the saving reason."""
+    with pytest.raises(ValueError) as e:
+        format_path("/r/rollout.grz", 1, flag=LOAD_FLAG)
+    assert "every rollout would train on the same recorded file" in str(e.value)
+    assert "overwrites" not in str(e.value)
+    from grpolab.core.config.debugging import DebugConfig
+
+    for flag, field, reason in (
+        ("--load-debug-rollout-data", "load_debug_rollout_data", "would train on the same recorded file"),
+        ("--ci-inject-rollout-data-path", "ci_inject_rollout_data_path", "compared with, and trained on"),
+        ("--save-debug-rollout-data", "save_debug_rollout_data", "every rollout overwrites one file"),
+    ):
+        with pytest.raises(ValueError) as e:
+            DebugConfig(**{field: "/tmp/r.grz"})
+        assert str(e.value).startswith(f"{flag}: path template '/tmp/r.grz' must contain {{rollout_id}}")
+        assert reason in str(e.value)
+    with pytest.raises(ValueError, match="^--load-debug-rollout-data: path template .* has field"):
+        check_template("/r/{step}_{rollout_id}.grz", flag=LOAD_FLAG)
 
 
 def test_compare_fingerprints() -> None:

@@ -85,6 +85,22 @@ def test_convert_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert not (tmp_path / "o.grz").exists()
 
 
+def test_convert_refuses_to_replace_a_recording(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch.save(make_dump(), tmp_path / "r.pt")
+    _record(tmp_path / "old.grz")
+    before = (tmp_path / "old.grz").read_bytes()
+    argv = ["convert", str(tmp_path / "r.pt"), str(tmp_path / "old.grz"), "--reward-key", "acc"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"grpolab replay convert: error: {tmp_path / 'old.grz'} already exists; pass --force to replace it"
+        in err
+    )
+    assert (tmp_path / "old.grz").read_bytes() == before
+    assert main([*argv, "--force"]) == 0
+    assert load_rollout(tmp_path / "old.grz").rollout_id == 5  # the converted dump replaced rollout 4
+
+
 def test_inspect_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     samples = _record(tmp_path / "r.grz")
     assert main(["inspect", str(tmp_path / "r.grz")]) == 0
@@ -99,6 +115,7 @@ def test_inspect_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     )
     assert "truncated: 2/8 (25.0%)" in out
     assert "rollout id: 4   weight version: 4" in out and "samples: 8 in 2 groups" in out
+    assert "recorded by: (not recorded)" in out  # saved without a run identity
     assert "temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=24" in out
     assert f"tokenizer_fingerprint: {'b' * 64}" in out and "train_config: lr=1e-06" in out
     assert f"8 distinct over 8 samples, first {samples[0].seed}" in out

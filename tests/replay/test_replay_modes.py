@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from runs import SMALL, events, metrics, run
 
 from grpolab.cli import main
+from grpolab.replay.recording import load_rollout
 
 
 def weight_hashes(ckpt: Path) -> dict[str, str]:
@@ -193,22 +195,69 @@ def test_bad_flags(argv: list[str], needle: str, capsys) -> None:
     assert needle in capsys.readouterr().err
 
 
-def test_missing_recording_names_the_expected_path(captured: Path, capsys) -> None:
-    template = str(captured / "rec" / "r_{rollout_id}.grz")
-    code = main(
-        [
-            "train",
-            *SMALL,
-            "--num-rollout",
-            "5",
-            "--load-debug-rollout-data",
-            template,
-            "--run-dir",
-            str(captured / "missing"),
-        ]
+@pytest.mark.parametrize("flag", ["--load-debug-rollout-data", "--ci-inject-rollout-data-path"])
+def test_missing_recordings_are_listed_before_the_first_rollout(captured: Path, flag: str, capsys) -> None:
+    rec, name = captured / "rec", flag.strip("-")
+    argv = ["train", *SMALL, "--num-rollout", "5", flag, str(rec / "r_{rollout_id}.grz")]
+    assert main([*argv, "--run-dir", str(captured / name)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{flag}: 2 of the 5 rollouts this run reads have no recording (checked before the first rollout)"
+        in err
     )
-    assert code == 2
-    assert f"no recording for rollout 3: expected {captured / 'rec' / 'r_3.grz'}" in capsys.readouterr().err
+    assert f"rollout 3: expected {rec / 'r_3.grz'}\n  rollout 4: expected {rec / 'r_4.grz'}" in err
+    assert not (captured / name / "metrics.jsonl").exists()  # no rollout ran before the refusal
+    assert events(captured / name)[-1]["status"] == "failed"
+
+
+def test_recording_again_is_refused_and_a_mixed_set_is_not_replayed(
+    captured: Path, tmp_path: Path, capsys
+) -> None:
+    rec = tmp_path / "rec"
+    shutil.copytree(captured / "rec", rec)
+    template = str(rec / "r_{rollout_id}.grz")
+    before = {p.name: p.read_bytes() for p in rec.iterdir()}
+    first = json.loads((captured / "cap" / "run.json").read_text())
+    again = ["train", *SMALL, "--debug-rollout-only", "--save-debug-rollout-data", template, "--seed", "2"]
+    assert main([*again, "--num-rollout", "3", "--run-dir", str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert "--save-debug-rollout-data: 3 of the 3 recordings this run will write already exist" in err
+    who = f"recorded by run {first['run_id']} (run dir {captured / 'cap'}, seed {first['seed']})"
+    assert f"{rec / 'r_0.grz'}: {who}" in err and "--overwrite-debug-rollout-data" in err
+    assert {p.name: p.read_bytes() for p in rec.iterdir()} == before  # nothing replaced
+    over = tmp_path / "over"
+    assert main([*again, "--num-rollout", "1", "--overwrite-debug-rollout-data", "--run-dir", str(over)]) == 0
+    second = json.loads((over / "run.json").read_text())
+    assert load_rollout(rec / "r_0.grz").run_id == second["run_id"] != first["run_id"]
+    assert [e["path"] for e in events(over, "recording_replaced")] == [str(rec / "r_0.grz")]
+    replay = ["train", *SMALL, "--num-rollout", "3", "--load-debug-rollout-data", template]
+    assert main([*replay, "--run-dir", str(tmp_path / "mixed")]) == 2
+    err = capsys.readouterr().err
+    assert "--load-debug-rollout-data: these recordings come from 2 different runs" in err
+    assert f"{rec / 'r_0.grz'}: run {second['run_id']} (run dir {over}, seed 2)" in err
+    assert f"{rec / 'r_1.grz'}, {rec / 'r_2.grz'}: run {first['run_id']}" in err
+
+
+def test_inject_explains_a_recording_without_weight_updates(captured: Path) -> None:
+    """`captured` was recorded with --debug-rollout-only: its policy never moves, this run's does."""
+    out = run(
+        captured,
+        "inject-frozen",
+        "--num-rollout",
+        "2",
+        "--ci-inject-rollout-data-path",
+        str(captured / "rec" / "r_{rollout_id}.grz"),
+    )
+    checks = events(out, "inject_check")
+    assert checks[0]["mean_ratio"] == 1.0 and checks[0]["note"] == ""
+    assert (checks[0]["recorded_weight_version"], checks[0]["engine_weight_version"]) == (0, 1)
+    assert (checks[1]["recorded_weight_version"], checks[1]["engine_weight_version"]) == (0, 2)
+    assert checks[1]["mean_ratio"] < 1.0  # the live policy took one optimizer step, the recording's none
+    assert "only rollout 0 is expected to match exactly" in checks[1]["note"]
+    assert f"inject rollout 1: mean response-token match ratio {checks[1]['mean_ratio']:.4f}" in (
+        log := (out / "console.log").read_text()
+    )
+    assert f"note: {checks[1]['note']}" in log and log.count("note: ") == 1
 
 
 def test_recording_from_another_tokenizer_is_refused(

@@ -1,0 +1,173 @@
+"""Recordings name their run: no overwriting another run's recording, no replaying a mixed set,
+every recording checked before the first rollout (issue 15 items 1 and 14)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from replay_helpers import build_samples
+
+from grpolab.core.rollout import planned_eval_ids, planned_rollout_ids
+from grpolab.replay.format import RecordingError, read_container, read_header, write_container
+from grpolab.replay.recording import load_rollout
+from grpolab.replay.replayer import (
+    RecordingMismatchError,
+    RolloutRecorder,
+    RolloutReplayer,
+    RunIdentity,
+    frozen_recording_note,
+)
+
+FP = {"model_fingerprint": "m" * 64, "tokenizer_fingerprint": "t" * 64, "chat_template_hash": "c" * 64}
+IDENTITY = RunIdentity(fingerprints=FP, train_config={"rollout_temperature": 1.0})
+SAMPLER = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 24}
+
+
+def recorder(template: str, run_id: str, seed: int = 1) -> RolloutRecorder:
+    return RolloutRecorder(
+        template, IDENTITY, run_seed=seed, sampler=SAMPLER, run_id=run_id, run_dir=f"runs/{run_id}"
+    )
+
+
+def record(template: str, run_id: str, ids: list[int | str], seed: int = 1) -> list[Path]:
+    rec = recorder(template, run_id, seed)
+    return [rec.save(build_samples(4), rollout_id=i, weight_version=0)[0] for i in ids]
+
+
+def replayer(template: str, allow: bool = False) -> RolloutReplayer:
+    return RolloutReplayer(template, IDENTITY, allow_mismatch=allow, flag="--load-debug-rollout-data")
+
+
+def strip_run_identity(path: Path) -> None:
+    """Rewrite a recording as one made before run identities existed (no run_id / run_dir)."""
+    header, arrays = read_container(path)
+    del header["run_id"], header["run_dir"]
+    write_container(path, header, arrays)
+
+
+def test_every_header_names_its_run(tmp_path: Path) -> None:
+    (path,) = record(str(tmp_path / "r_{rollout_id}.grz"), "run-a", [0], seed=7)
+    rec = load_rollout(path)
+    assert (rec.run_id, rec.run_dir, rec.run_seed) == ("run-a", "runs/run-a", 7)
+    assert read_header(path) == read_container(path)[0]  # the header-only read gives the same header
+    strip_run_identity(path)
+    old = load_rollout(path)  # an old recording still loads, its run unknown
+    assert (old.run_id, old.run_dir) == ("", "") and len(old.samples) == 4
+
+
+def test_read_header_errors(tmp_path: Path) -> None:
+    with pytest.raises(RecordingError, match="no such recording"):
+        read_header(tmp_path / "absent.grz")
+    (tmp_path / "junk.grz").write_bytes(b"not a recording at all, just text" * 4)
+    with pytest.raises(RecordingError, match="not a grpolab recording"):
+        read_header(tmp_path / "junk.grz")
+    (path,) = record(str(tmp_path / "r_{rollout_id}.grz"), "run-a", [0])
+    (tmp_path / "cut.grz").write_bytes(path.read_bytes()[:80])
+    with pytest.raises(RecordingError, match="truncated|corrupt"):
+        read_header(tmp_path / "cut.grz")
+
+
+def test_recording_over_another_runs_files_is_refused(tmp_path: Path) -> None:
+    template = str(tmp_path / "r_{rollout_id}.grz")
+    record(template, "run-a", [0, 1, "eval_0"])
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    again = recorder(template, "run-b", seed=2)
+    assert again.check_free([2, 3, "eval_2"], overwrite=False) == []  # nothing there: free
+    with pytest.raises(FileExistsError) as e:
+        again.check_free([0, 1, 2, "eval_0", "eval_3"], overwrite=False)
+    msg = str(e.value)
+    assert msg.startswith(
+        "--save-debug-rollout-data: 3 of the 5 recordings this run will write already exist"
+    )
+    assert f"{tmp_path / 'r_0.grz'}: recorded by run run-a (run dir runs/run-a, seed 1)" in msg
+    assert str(tmp_path / "r_eval_0.grz") in msg and "r_2.grz" not in msg
+    assert "--overwrite-debug-rollout-data" in msg
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing was written
+    replaced = again.check_free([0, 1, 2], overwrite=True)
+    assert replaced == [tmp_path / "r_0.grz", tmp_path / "r_1.grz"]
+
+
+def test_same_run_may_rewrite_its_own_recordings(tmp_path: Path) -> None:
+    """A run continued after a crash redoes the rollouts after its checkpoint, under the same run id."""
+    template = str(tmp_path / "r_{rollout_id}.grz")
+    record(template, "run-a", [0, 1])
+    assert recorder(template, "run-a").check_free([1, 2], overwrite=False) == []
+    strip_run_identity(tmp_path / "r_1.grz")  # unknown origin: never assumed to be this run's
+    with pytest.raises(FileExistsError, match="recorded by an unnamed run"):
+        recorder(template, "run-a").check_free([1], overwrite=False)
+    (tmp_path / "r_2.grz").write_text("junk")
+    with pytest.raises(FileExistsError, match="r_2.grz: not a readable recording"):
+        recorder(template, "run-a").check_free([2], overwrite=False)
+
+
+def test_missing_recordings_are_all_listed_before_the_first_rollout(tmp_path: Path) -> None:
+    template = str(tmp_path / "r_{rollout_id}.grz")
+    record(template, "run-a", [0, 2])
+    with pytest.raises(FileNotFoundError) as e:
+        replayer(template).check_ready([0, 1, 2, 3])
+    assert str(e.value) == (
+        "--load-debug-rollout-data: 2 of the 4 rollouts this run reads have no recording "
+        f"(checked before the first rollout):\n  rollout 1: expected {tmp_path / 'r_1.grz'}\n"
+        f"  rollout 3: expected {tmp_path / 'r_3.grz'}"
+    )
+    replayer(template).check_ready([0, 2])
+
+
+def test_mixed_runs_are_refused_naming_files_and_runs(tmp_path: Path) -> None:
+    template = str(tmp_path / "r_{rollout_id}.grz")
+    record(template, "run-a", [0, 1, 2], seed=1)
+    record(template, "run-b", [0], seed=2)  # what a second recording over r_0 left behind
+    with pytest.raises(RecordingMismatchError) as e:
+        replayer(template).check_ready([0, 1, 2])
+    msg = str(e.value)
+    assert "these recordings come from 2 different runs" in msg
+    assert f"{tmp_path / 'r_0.grz'}: run run-b (run dir runs/run-b, seed 2)" in msg
+    assert f"{tmp_path / 'r_1.grz'}, {tmp_path / 'r_2.grz'}: run run-a (run dir runs/run-a, seed 1)" in msg
+    assert "--allow-recording-mismatch" in msg
+    allowed = replayer(template, allow=True)
+    allowed.check_ready([0, 1, 2])
+    assert len(allowed.warnings) == 1 and "2 different runs" in allowed.warnings[0]
+    replayer(template).check_ready([1, 2])  # one run: fine
+
+
+def test_recordings_without_run_identity_load_with_a_note(tmp_path: Path) -> None:
+    template = str(tmp_path / "r_{rollout_id}.grz")
+    for path in record(template, "run-a", [0, 1]):
+        strip_run_identity(path)
+    rp = replayer(template)
+    rp.check_ready([0, 1])
+    assert rp.warnings == [] and len(rp.notes) == 1
+    assert "2 recording(s) predate run identities" in rp.notes[0]
+    samples, _ = rp.load(1)
+    assert len(samples) == 4
+
+
+def test_setup_mismatch_is_found_before_the_first_rollout(tmp_path: Path) -> None:
+    template = str(tmp_path / "r_{rollout_id}.grz")
+    record(template, "run-a", [0, 1])
+    other = RunIdentity(
+        fingerprints={**FP, "tokenizer_fingerprint": "x" * 64}, train_config=IDENTITY.train_config
+    )
+    rp = RolloutReplayer(template, other, flag="--ci-inject-rollout-data-path")
+    with pytest.raises(RecordingMismatchError, match="r_0.grz was recorded with a different setup"):
+        rp.check_ready([0, 1])
+
+
+def test_planned_ids_follow_the_loop() -> None:
+    assert planned_rollout_ids(0, 3, None) == [0, 1, 2]
+    assert planned_rollout_ids(0, 5, 1) == [0, 1]  # --debug-exit-after-rollout 1
+    assert planned_rollout_ids(3, 5, 1) == [3]  # resumed past the exit id: one rollout, then it stops
+    assert planned_rollout_ids(5, 5, None) == []
+    assert planned_eval_ids([0, 1, 2, 3], 2) == [0, 2, 4]  # before 0 and 2, after the last rollout
+    assert planned_eval_ids([3, 4], 3) == [3, 5]
+    assert planned_eval_ids([0, 1], None) == [] and planned_eval_ids([], 1) == []
+
+
+def test_frozen_recording_note() -> None:
+    first = (0, 0, 1)  # rollout 0: recorded at weight version 0, engine at version 1
+    assert frozen_recording_note(first, 0, 1) == ""  # the first injected rollout itself
+    assert frozen_recording_note(first, 1, 2) == ""  # the recording's weights moved too
+    note = frozen_recording_note(first, 0, 2)
+    assert "still 0 as at rollout 0" in note and "--debug-rollout-only" in note
+    assert "only rollout 0 is expected to match exactly" in note
