@@ -50,6 +50,9 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         with pytest.raises(Crash):
             main([*command(tmp), "--run-dir", str(run_dir)])
     assert reader.final_status_event(run_dir) is None  # a crash: no status event
+    stale = tmp / "ckpt" / ".iter_0000003.k2j_x9zq"  # what a save killed midway left (older name)
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"w" * 1_500_000)
     assert main([*command(tmp), "--run-dir", str(run_dir), "--load", str(tmp / "ckpt")]) == 0
     return run_dir
 
@@ -92,6 +95,8 @@ def test_checkpoint_saves_and_stale_temps_are_logged(resumed: Path) -> None:
         and f"saved checkpoint iter_0000004 to {ckpt}" in log
     )
     assert "--load " + str(ckpt) + ": resumed from iter_0000002, continuing at rollout 2" in log
+    assert f"checkpoint: removed .iter_0000003.k2j_x9zq (1.5 MB) from {ckpt}, left by a save" in log
+    assert not (ckpt / ".iter_0000003.k2j_x9zq").exists()
     (saved,) = [e for e in events(resumed, "checkpoint") if e["path"].endswith("iter_0000004")]
     assert saved["bytes"] > 100_000 and saved["seconds"] > 0
 
