@@ -186,6 +186,7 @@ class GRPORun:
             "nothing left to train"
         )
         self.run_dir.event("nothing_to_train", next_rollout_id=n, num_rollout=total)
+        self.run_dir.heartbeat("finished", n)  # left normally, as at the end of run()
         self.run_dir.finish("finished", rollouts=n)
         shutdown(self.dist)
         return self.run_dir.path

@@ -145,3 +145,5 @@ def test_resuming_a_complete_run_says_so(resumed: Path) -> None:
     assert [e["event"] for e in last] == ["resume", "nothing_to_train", "status"]
     assert "replaces_from_rollout" not in last[0] and last[2]["status"] == "finished"
     assert reader.run_status(resumed) == "finished"
+    (rank,), _ = reader.read_ranks(resumed)
+    assert rank.heartbeat is not None and rank.heartbeat["phase"] == "finished"

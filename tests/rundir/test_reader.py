@@ -143,7 +143,8 @@ def test_events_ranks_and_status_of_a_real_run(short_run: Path) -> None:
     (rank,), problems = reader.read_ranks(short_run)
     assert problems == [] and rank.rank == 0 and rank.pid > 0 and rank.role == "actor+rollout"
     assert rank.host and rank.error is None and rank.source == str(short_run / "ranks" / "0.json")
-    assert rank.heartbeat is not None and rank.heartbeat["rollout_id"] == 1
+    assert rank.heartbeat is not None and rank.heartbeat["rollout_id"] == 2  # the next rollout id
+    assert rank.heartbeat["phase"] == "finished"  # the loop's last heartbeat: it left normally
     assert rank.heartbeat_time == rank.heartbeat["time"] and rank.written_at is not None
 
 
