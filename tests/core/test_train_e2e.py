@@ -102,8 +102,14 @@ def test_real_gsm8k_prompts_run(tmp_path: Path, gsm8k_train: Path) -> None:
 
 # ---------------------------------------------------------------- bad input
 def fails(tmp_path: Path, capsys, *argv: str) -> str:
-    code = main(["train", *SMALL, "--num-rollout", "1", "--run-dir", str(tmp_path / "bad"), *argv])
+    """Run `grpolab train` with bad input; it must exit 2 (through argparse when checked before the run)
+    and leave no run directory behind."""
+    try:
+        code = main(["train", *SMALL, "--num-rollout", "1", "--run-dir", str(tmp_path / "bad"), *argv])
+    except SystemExit as e:
+        code = e.code
     assert code == 2
+    assert not (tmp_path / "bad").exists()  # checked before the run directory was made
     return capsys.readouterr().err
 
 
