@@ -4,15 +4,19 @@ fail, and what the message says first. Pure: no model, no run."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from runs import SMALL, events
 
 from grpolab.checkers.errors import CheckFailure
 from grpolab.checkers.logprobs import ENTROPY_RANGE, LogprobChecker, RunFacts, check_logprobs
 from grpolab.cli import build_parser, config_from_args, main
 from grpolab.core.config import CIConfig
+from grpolab.core.loop import GRPORun
 
+ARITHMETIC = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "arithmetic_train.jsonl"
 SMOL_VOCAB = 49152  # SmolLM2's vocabulary: uniform noise is ln(49152) = 10.80 nats
 LINE = {"rollout/log_probs": -0.5, "rollout/rollout_log_probs": -0.5, "rollout/ref_log_probs": -0.5}
 
@@ -182,3 +186,49 @@ def test_template_is_the_first_suspect_of_a_gap_without_evidence() -> None:
     causes = _causes(text)
     assert causes[0].startswith("the chat template is not applied")
     assert causes[1].startswith("temperature applied on one side only")
+
+
+def test_a_run_whose_syncs_never_reach_the_engine_names_stale_weights_first(tmp_path: Path, capsys) -> None:
+    """A real run whose weight syncs never reach the engine (`--debug-skip-weight-update`): rollout 0
+    passes with both sides on the initial weights; after one update the gap jumps, stale weights first."""
+    code = main(
+        [
+            "train",
+            *SMALL,
+            "--num-rollout", "2", "--lr", "1e-3", "--ci-test", "--ci-disable-weight-update-checker",
+            "--debug-skip-weight-update", "--run-dir", str(tmp_path / "stale"),
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1
+    first = _causes(err)[0]
+    assert first.startswith(
+        "stale engine weights (this run has --debug-skip-weight-update: no weights are sent)"
+    )
+    assert "at rollout 0 (trainer and engine on the same weights)" in first
+    assert "after 1 weight sync(s): the sync did not reach the engine" in first
+    checks = [
+        (c["rollout_id"], c["ok"]) for c in events(tmp_path / "stale", "check") if c["checker"] == "logprobs"
+    ]
+    assert checks == [(0, True), (1, False)]
+    assert "chat template" not in first and not events(tmp_path / "stale", "warning")  # template applied
+
+
+def test_raw_prompts_with_a_chat_template_warn_at_start_and_tell_the_checker(tmp_path: Path, caplog) -> None:
+    argv = [
+        "train",
+        *SMALL,
+        "--prompt-data",
+        str(ARITHMETIC),
+        "--input-key",
+        "question",
+        "--label-key",
+        "answer",
+    ]
+    argv += ["--ci-test", "--rollout-top-p", "0.9", "--run-dir", str(tmp_path / "raw")]
+    run = GRPORun.create(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv])
+    facts = run.harness.logprobs.facts
+    assert facts == RunFacts(vocab_size=1024, chat_template_unapplied=True, filters_support=True)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("has a chat template, but --apply-chat-template is off" in m for m in warned)
+    assert [w["code"] for w in events(tmp_path / "raw", "warning")] == ["chat_template_unapplied"]
