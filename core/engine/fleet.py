@@ -110,6 +110,16 @@ class FleetProcess:
     proc: subprocess.Popen
     log_path: Path
     url: str = ""
+    log_start: int = 0  # the log's size at launch: a reused run directory's log holds older runs' lines
+
+    def new_log_lines(self) -> list[str]:
+        """The lines this process wrote to its log (not an earlier run's)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_start)
+                return f.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
 
     def exited(self) -> int | None:
         """The exit code once the process has ended, else None."""
@@ -125,10 +135,11 @@ class FleetProcess:
 def _spawn(name: str, argv: list[str], log_path: Path) -> FleetProcess:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
+        start = out.tell()
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
         )
-    return FleetProcess(name, proc, log_path)
+    return FleetProcess(name, proc, log_path, log_start=start)
 
 
 class Fleet:
@@ -236,7 +247,7 @@ def _startup_failure(p: FleetProcess, why: str) -> FleetError:
 def _wait_listening(p: FleetProcess, deadline: float, timeout: float) -> str:
     """The URL `grpolab serve` announces in its log; FleetError when it exits or the deadline passes."""
     while time.monotonic() < deadline:
-        for line in log_tail(p.log_path, 50):
+        for line in p.new_log_lines():
             if LISTENING in line:
                 return line.split(LISTENING, 1)[1].strip()
         if p.exited() is not None:

@@ -14,7 +14,9 @@ Control calls go to every engine directly (what the router would fan out): weigh
 bucket as safetensors into a fresh directory under /dev/shm (tmpfs; the system temp dir when there is
 none) and calls `/update_weights_from_disk {model_path, weight_version}`; memory goes through
 `/release_memory_occupation` / `/resume_memory_occupation` (all tags); `--ci-test`'s checker through
-`/weights_checker`. Every HTTP call has a timeout; a failure raises, and `client.EngineClient`
+`/weights_checker`. With a fleet grpolab launched, each rollout's requests are held
+(`/pause_generation` in_place) until all reached the engines (`/server_info`), then released
+(`/continue_generation`), so one decode takes them all, as in-process. Every HTTP call has a timeout; a failure raises, and `client.EngineClient`
 retries until `--engine-failure-timeout`. Before each rollout every engine must pass
 `/health_generate` (Miles' health monitor); while requests run, an engine process of the fleet that
 exits fails the call at once instead of waiting for the request timeout.
@@ -53,6 +55,9 @@ HEALTH_TIMEOUT_S = 20.0
 """Seconds `/health_generate` may take: SGLang's own SGLANG_HEALTH_CHECK_TIMEOUT (20 s)."""
 MAX_IN_FLIGHT = 256
 """Concurrent /generate requests per call (threads; the in-process engine's max batch is 256 too)."""
+GATHER_TIMEOUT_S = 30.0
+"""Seconds the paused engines of a launched fleet may take to receive a rollout's requests before they
+decode what they hold (grpolab's: 64 requests arrive within ~0.5 s on a busy 2-core machine)."""
 WATCH_INTERVAL_S = 0.5
 """Seconds between checks of the fleet's processes while requests run."""
 _MISMATCH = re.compile(r"(\S+) \[([\d, ]*)\] max_abs_err=([^\s;]+)")
@@ -136,11 +141,18 @@ class HttpEngine:
     def _send_all(self, targets: list[str], bodies: list[dict]) -> list[object]:
         """POST every body; fail at the first error or when a fleet process exits."""
         pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_IN_FLIGHT, len(bodies))))
+        gate = self.fleet is not None  # our engines: hold the rollout's requests, then decode them together
         try:
+            if gate:
+                self._each_engine("POST", "/pause_generation", {"mode": "in_place"})
             futures: list[Future] = [
                 pool.submit(call_json, "POST", t + "/generate", b, timeout=self.request_timeout_s)
                 for t, b in zip(targets, bodies)
             ]
+            if gate:
+                self._await_queued(len(bodies))
+                gate = False
+                self._each_engine("POST", "/continue_generation", {})
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=WATCH_INTERVAL_S, return_when=FIRST_EXCEPTION)
@@ -150,7 +162,31 @@ class HttpEngine:
                 self._check_processes()
             return [f.result() for f in futures]
         finally:
+            if gate:  # failed while holding: let the engines generate again
+                for url in self.engine_urls:
+                    try:
+                        call_json("POST", url + "/continue_generation", {}, timeout=HEALTH_TIMEOUT_S)
+                    except (HttpCallError, ValueError):
+                        pass
             pool.shutdown(wait=False, cancel_futures=True)
+
+    def _await_queued(self, n: int) -> None:
+        """Wait until the paused engines hold all `n` requests (`/server_info` of `grpolab serve`), so
+        that one decode takes them all, as the in-process engine does; give up after `GATHER_TIMEOUT_S`."""
+        deadline = time.monotonic() + GATHER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self._check_processes()
+            queued = 0
+            for url in self.engine_urls:
+                info = call_json("GET", url + "/server_info", None, timeout=HEALTH_TIMEOUT_S) or {}
+                states = info.get("internal_states") or [{}]
+                queued += int(states[0].get("waiting_requests", 0))
+            if queued >= n:
+                return
+            time.sleep(0.01)
+        log.warning(
+            f"only part of the rollout's {n} requests reached the engines within {GATHER_TIMEOUT_S:g} s"
+        )
 
     # ------------------------------------------------------------------ weights and memory
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: int) -> int:

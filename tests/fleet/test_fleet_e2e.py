@@ -1,0 +1,152 @@
+"""End to end through the real sglang-router on CPU: `grpolab train --rollout-num-engines` against the
+in-process engine, a kill -9'd engine, and teardown (no process of the fleet outlives the run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpolab.rundir.reader import read_events
+
+SMALL = ["--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--no-progress"]
+
+
+def _train(run_dir: Path, *flags: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "grpolab", "train", "--run-dir", str(run_dir), *SMALL, *flags]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def _metrics(run_dir: Path) -> list[tuple]:
+    """metrics.jsonl without wall time and perf/* (timings differ between any two runs)."""
+    rows = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] != "perf":
+            rows.append((r["kind"], r["rollout_id"], r.get("step"), r["metrics"]))
+    return rows
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_one_engine_through_the_router_matches_the_in_process_run(tmp_path: Path) -> None:
+    inproc = _train(tmp_path / "inproc", "--ci-test")
+    assert inproc.returncode == 0, inproc.stderr[-3000:]
+    served = _train(tmp_path / "served", "--ci-test", "--rollout-num-engines", "1")
+    assert served.returncode == 0, served.stderr[-3000:]
+    a, b = _metrics(tmp_path / "served"), _metrics(tmp_path / "inproc")
+    assert [r[:3] for r in a] == [r[:3] for r in b]
+    for (*_, ma), (*_, mb) in zip(a, b):
+        assert ma.keys() == mb.keys()
+        rounding = [k for k in ma if "log_prob" in k or "logprob" in k or "kl" in k]
+        # same tokens, so rewards, lengths, advantages, loss and grad norm are identical ...
+        assert {k: v for k, v in ma.items() if k not in rounding} == {
+            k: v for k, v in mb.items() if k not in rounding
+        }
+        # ... and log-probs agree to float rounding (the engine's batch rows follow arrival order)
+        for k in rounding:
+            assert ma[k] == pytest.approx(mb[k], rel=1e-5, abs=1e-9), k
+    run = tmp_path / "served"
+    assert "listening on http://127.0.0.1:" in (run / "engines" / "0.log").read_text()
+    assert "Router ready" in (run / "router.log").read_text()
+    assert "/update_weights_from_disk" not in served.stderr  # no failed sync was reported
+
+
+@pytest.mark.slow
+def test_a_killed_engine_fails_the_run_within_the_timeout_and_leaves_no_process(tmp_path: Path) -> None:
+    run = tmp_path / "killed"
+    argv = [sys.executable, "-m", "grpolab", "train", "--run-dir", str(run), *SMALL, "--num-rollout", "6"]
+    argv += ["--rollout-num-engines", "1", "--engine-failure-timeout", "10"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        fleet = _children(proc.pid)
+        engines = [p for p in fleet if b"serve" in (Path("/proc") / str(p) / "cmdline").read_bytes()]
+        assert len(engines) == 1 and len(fleet) == 2, fleet  # one engine and the router
+        os.kill(engines[0], signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        seconds = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert seconds < 10 + 30, seconds  # the timeout, plus the health checks' and teardown's seconds
+    assert "engine 0 (http://127.0.0.1:" in err and "killed by SIGKILL" in err, err[-3000:]
+    assert "[engines/0.log]" in err  # the engine's last log lines are quoted
+    status = [e for e in read_events(run) if e.get("event") == "status" or e.get("type") == "status"]
+    assert status and status[-1].get("status") == "failed", status
+    assert not any(_alive(p) for p in fleet), [p for p in fleet if _alive(p)]  # the router went too
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_run_and_its_fleet(tmp_path: Path) -> None:
+    run = tmp_path / "term"
+    argv = [sys.executable, "-m", "grpolab", "train", "--run-dir", str(run), *SMALL, "--num-rollout", "20"]
+    argv += ["--rollout-num-engines", "2"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while "Router ready" not in _read(run / "router.log") or len(_children(proc.pid)) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        while not _read(run / "metrics.jsonl"):  # both engines registered and serving
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        fleet = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert len(fleet) == 3 and not any(_alive(p) for p in fleet), fleet
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+def test_a_router_on_a_taken_port_is_exit_2(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = _train(tmp_path / "taken", "--rollout-num-engines", "1", "--sglang-router-port", str(port))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"--sglang-router-port {port}: 127.0.0.1:{port} is in use" in result.stderr
