@@ -39,7 +39,7 @@ def test_model_fingerprint_ignores_where_the_model_lives(tiny_model_dir: Path, t
         (["--seed", "-1"], "--seed must be a non-negative integer"),
         (["--train-dtype", "float16"], "--train-dtype must be one of"),
         (["--device", "cuda"], "--device cuda: this torch build or machine has no CUDA device"),
-        (["--rollout-engine", "http"], "unknown rollout engine kind 'http' (--rollout-engine); valid: torch"),
+        (["--rollout-engine", "http"], "unknown rollout engine kind 'http' (--rollout-engine); valid: sglang, torch"),
         (["--save", "/dev/null"], "--save /dev/null: exists and is not a directory"),
     ],
 )
