@@ -4,7 +4,12 @@ Every engine call (generation, weight loads, memory release, weight checks) runs
 thread, one at a time, so HTTP handlers never touch the engine concurrently. Generation requests wait
 in a queue; the loop takes everything queued (after a short gather window, `batch_wait_s`, that lets
 requests sent together arrive) and decodes it as one batch: one `engine.generate` call per distinct
-set of sampling settings, in arrival order. Requests that arrive while a batch runs join the next one.
+set of sampling settings, its rows ordered by rid (`rid_order`: digit runs compared as numbers, ties
+in arrival order). Arrival order varies from run to run (threads, the router), and a decode's row
+order changes CPU matmul rounding, so ordering by rid makes log-probs repeatable: a client that numbers
+its rids in request order (grpolab's HTTP engine: `grpolab-<session>-<call>-<index>`) gets the rows of
+the in-process engine's single `generate` call, bitwise. Requests that arrive while a batch runs join
+the next one.
 
 Control operations (`exclusive`) wait for the running batch to finish and block the next one while
 they run. `pause(mode)` stops new batches: "abort" answers every queued request with an abort,
@@ -15,6 +20,7 @@ engine decodes a batch as one call, so SGLang's mid-decode retraction has no cou
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +36,15 @@ BATCH_WAIT_S = 0.01
 sent with it (grpolab's choice: far below one decode step of the tiny model, ~1% of a real rollout)."""
 HISTORY = 64
 """How many recent batch sizes `stats()` reports."""
+_DIGITS = re.compile(r"(\d+)")
+
+
+def rid_order(rid: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key of a request id: text parts as text, digit runs as numbers ("r_2" < "r_10").
+
+    Every part is tagged (0: text, 1: number), so any two rids compare without a TypeError.
+    """
+    return tuple((1, int(part)) if i % 2 else (0, part) for i, part in enumerate(_DIGITS.split(rid)))
 
 
 @dataclass
@@ -196,9 +211,9 @@ class Batcher:
                 self._wake.set()
 
     async def _run_batch(self, batch: list[Pending]) -> None:
-        """Decode `batch`: one `engine.generate` per distinct sampling settings, arrival order kept."""
+        """Decode `batch`: one `engine.generate` per distinct sampling settings, rows in `rid_order`."""
         groups: dict[Any, list[Pending]] = {}
-        for p in batch:
+        for p in sorted(batch, key=lambda p: rid_order(p.item.rid)):  # stable: equal rids keep arrival order
             groups.setdefault(p.item.params, []).append(p)
         self.batch_sizes = (self.batch_sizes + [len(batch)])[-HISTORY:]
         for params, members in groups.items():

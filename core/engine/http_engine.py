@@ -100,6 +100,8 @@ class HttpEngine:
         self._stats = {"tokens": 0.0, "seconds": 0.0, "tokens_per_s": 0.0}
         self._suspect: int | None = None  # the engine that failed last, for log_tail
         self._round_robin = itertools.count()
+        self._session = uuid.uuid4().hex[:12]  # rids: unique per engine object, numbered per call
+        self._calls = itertools.count()
 
     @property
     def name(self) -> str:
@@ -125,7 +127,10 @@ class HttpEngine:
         start = time.perf_counter()
         direct = params.filters_support  # the router drops return_sampling_mask (module docstring)
         targets = [self._target(direct) for _ in requests]
-        bodies = [generate_body(r, params) for r in requests]
+        call = next(self._calls)
+        bodies = [
+            generate_body(r, params, rid=request_rid(self._session, call, i)) for i, r in enumerate(requests)
+        ]
         answers = self._send_all(targets, bodies)
         results = [parse_generate_answer(a, params, self.weight_version) for a in answers]
         seconds = time.perf_counter() - start
@@ -322,8 +327,15 @@ class HttpEngine:
 
 
 # ---------------------------------------------------------------------- bodies (pure)
-def generate_body(request: GenerationRequest, params: SamplingParams) -> dict:
-    """The /generate body for one sample (SGLang's `GenerateRequest` fields only)."""
+def request_rid(session: str, call: int, index: int) -> str:
+    """ "grpolab-<session>-<call>-<index>": unique, and `grpolab serve` decodes a batch's rows sorted by
+    the numbers in it (serve/batching.rid_order), which puts them in request order, as in-process."""
+    return f"grpolab-{session}-{call}-{index}"
+
+
+def generate_body(request: GenerationRequest, params: SamplingParams, *, rid: str | None = None) -> dict:
+    """The /generate body for one sample (SGLang's `GenerateRequest` fields only); `rid` defaults to
+    a random "grpolab-<hex>"."""
     sampling = {
         "temperature": params.temperature,
         "top_p": params.top_p,
@@ -336,7 +348,7 @@ def generate_body(request: GenerationRequest, params: SamplingParams) -> dict:
         "input_ids": list(request.prompt_ids),
         "sampling_params": sampling,
         "return_logprob": True,
-        "rid": f"grpolab-{uuid.uuid4().hex}",
+        "rid": rid if rid is not None else f"grpolab-{uuid.uuid4().hex}",
     }
     if params.filters_support:
         body["return_sampling_mask"] = True

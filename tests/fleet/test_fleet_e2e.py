@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from grpolab.replay.recording import load_rollout
 from grpolab.rundir.reader import read_events
 
 SMALL = ["--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--no-progress"]
@@ -54,28 +55,48 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _recorded(template: str, n: int) -> list[list[tuple]]:
+    """Per rollout, each sample's (seed, response ids, log-prob float32 bytes, finish reason)."""
+    return [
+        [
+            (s.seed, s.response_ids, s.rollout_log_probs.numpy().tobytes(), s.finish_reason)
+            for s in load_rollout(template.format(rollout_id=i)).samples
+        ]
+        for i in range(n)
+    ]
+
+
 @pytest.mark.slow
-def test_one_engine_through_the_router_matches_the_in_process_run(tmp_path: Path) -> None:
-    inproc = _train(tmp_path / "inproc", "--ci-test")
+def test_one_engine_through_the_router_matches_the_in_process_run_bitwise(tmp_path: Path) -> None:
+    """Same tokens and log-probs (the server orders a batch's rows by the rids the client numbers),
+    so every metric but wall time is equal; the fleet's recording replays to the same training."""
+    rec_in, rec_served = (
+        str(tmp_path / "rec_in" / "r_{rollout_id}.grz"),
+        str(tmp_path / "rec" / "r_{rollout_id}.grz"),
+    )
+    inproc = _train(tmp_path / "inproc", "--ci-test", "--save-debug-rollout-data", rec_in)
     assert inproc.returncode == 0, inproc.stderr[-3000:]
-    served = _train(tmp_path / "served", "--ci-test", "--rollout-num-engines", "1")
+    served = _train(
+        tmp_path / "served",
+        "--ci-test",
+        "--rollout-num-engines",
+        "1",
+        "--save-debug-rollout-data",
+        rec_served,
+    )
     assert served.returncode == 0, served.stderr[-3000:]
-    a, b = _metrics(tmp_path / "served"), _metrics(tmp_path / "inproc")
-    assert [r[:3] for r in a] == [r[:3] for r in b]
-    for (*_, ma), (*_, mb) in zip(a, b):
-        assert ma.keys() == mb.keys()
-        rounding = [k for k in ma if "log_prob" in k or "logprob" in k or "kl" in k]
-        # same tokens, so rewards, lengths, advantages, loss and grad norm are identical ...
-        assert {k: v for k, v in ma.items() if k not in rounding} == {
-            k: v for k, v in mb.items() if k not in rounding
-        }
-        # ... and log-probs agree to float rounding (the engine's batch rows follow arrival order)
-        for k in rounding:
-            assert ma[k] == pytest.approx(mb[k], rel=1e-5, abs=1e-9), k
+    assert _metrics(tmp_path / "served") == _metrics(tmp_path / "inproc")  # every value, bitwise
+    recorded = _recorded(rec_served, 2)
+    assert recorded == _recorded(rec_in, 2) and len(recorded[0]) == 16
     run = tmp_path / "served"
     assert "listening on http://127.0.0.1:" in (run / "engines" / "0.log").read_text()
     assert "Router ready" in (run / "router.log").read_text()
     assert "/update_weights_from_disk" not in served.stderr  # no failed sync was reported
+
+    replay = _train(tmp_path / "replay", "--load-debug-rollout-data", rec_served)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    steps = [r for r in _metrics(tmp_path / "served") if r[0] == "step"]
+    assert steps and [r for r in _metrics(tmp_path / "replay") if r[0] == "step"] == steps
 
 
 @pytest.mark.slow
