@@ -8,7 +8,8 @@ failure shorter than `failure_timeout` seconds (`--engine-failure-timeout`, defa
 tolerated; a longer one raises `EngineDeadError`, naming the engine, how long it failed, the last
 error and the engine's last log lines.
 
-Errors that describe the request rather than the engine (`ValueError`, `KeyError`, `TypeError`: an
+An `EngineGoneError` (the engine's process exited: nothing can recover) raises `EngineDeadError` at
+once. Errors that describe the request rather than the engine (`ValueError`, `KeyError`, `TypeError`: an
 empty prompt, an unknown tensor name, a shape mismatch) are raised at once, unchanged: repeating
 the same request cannot fix them.
 """
@@ -43,6 +44,11 @@ DEFAULT_POLL_INTERVAL_S = 1.0
 
 LOG_TAIL_LINES = 10
 """How many of the engine's last log lines `EngineDeadError` quotes."""
+
+
+class EngineGoneError(RuntimeError):
+    """The engine cannot come back (e.g. the process grpolab launched for it exited): `EngineClient`
+    raises `EngineDeadError` at once instead of waiting out `--engine-failure-timeout`."""
 
 
 class EngineDeadError(RuntimeError):
@@ -159,6 +165,12 @@ class EngineClient:
                 result = fn()
             except REQUEST_ERRORS:
                 raise
+            except EngineGoneError as e:
+                failed_for = 0.0 if first_failure is None else self._clock() - first_failure
+                raise EngineDeadError(
+                    self.name, failed_for, self.failure_timeout, f"{what} raised {_describe(e)}",
+                    self.log_tail(LOG_TAIL_LINES),
+                ) from None  # fmt: skip
             except Exception as e:
                 last_error = f"{what} raised {_describe(e)}"
                 if first_failure is None:

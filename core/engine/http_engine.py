@@ -19,7 +19,8 @@ none) and calls `/update_weights_from_disk {model_path, weight_version}`; memory
 (`/continue_generation`), so one decode takes them all, as in-process. Every HTTP call has a timeout; a failure raises, and `client.EngineClient`
 retries until `--engine-failure-timeout`. Before each rollout every engine must pass
 `/health_generate` (Miles' health monitor); while requests run, an engine process of the fleet that
-exits fails the call at once instead of waiting for the request timeout.
+exits fails the call at once instead of waiting for the request timeout, and since a launched process
+cannot come back, as `client.EngineGoneError`: the run fails at once, not after --engine-failure-timeout.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from grpolab.core.engine.base import (
     SamplingParams,
     TensorMismatch,
 )
+from grpolab.core.engine.client import EngineGoneError
 from grpolab.core.engine.fleet import Fleet, log_tail
 from grpolab.core.engine.http_calls import EngineRequestError, HttpCallError, call_json
 
@@ -60,6 +62,9 @@ GATHER_TIMEOUT_S = 30.0
 decode what they hold (grpolab's: 64 requests arrive within ~0.5 s on a busy 2-core machine)."""
 WATCH_INTERVAL_S = 0.5
 """Seconds between checks of the fleet's processes while requests run."""
+EXIT_GRACE_S = 1.0
+"""Seconds a failed call waits for a fleet process to be seen as exited before it is reported as an
+HTTP failure (a kill -9'd engine resets its connections a moment before its parent can reap it)."""
 _MISMATCH = re.compile(r"(\S+) \[([\d, ]*)\] max_abs_err=([^\s;]+)")
 
 
@@ -163,6 +168,7 @@ class HttpEngine:
                 done, pending = wait(pending, timeout=WATCH_INTERVAL_S, return_when=FIRST_EXCEPTION)
                 for f in done:
                     if f.exception() is not None:
+                        self._check_processes(grace_s=EXIT_GRACE_S)  # a dead engine first
                         raise f.exception()
                 self._check_processes()
             return [f.result() for f in futures]
@@ -263,6 +269,7 @@ class HttpEngine:
                 call_json("GET", url + "/health_generate", None, timeout=HEALTH_TIMEOUT_S)
             except (HttpCallError, EngineRequestError) as e:
                 self._suspect = i
+                self._check_processes(grace_s=EXIT_GRACE_S)
                 raise RuntimeError(f"engine {i} ({url}) failed its health check: {e}") from None
 
     def health(self) -> EngineHealth:
@@ -305,15 +312,20 @@ class HttpEngine:
         if self._stopped:
             raise RuntimeError(f"the engines were stopped: {self._stopped}")
 
-    def _check_processes(self) -> None:
-        """RuntimeError naming the first fleet process that exited (grpolab-launched fleets only)."""
+    def _check_processes(self, grace_s: float = 0.0) -> None:
+        """EngineGoneError naming the first fleet process that exited (grpolab-launched fleets only);
+        with `grace_s`, wait up to that many seconds for one to exit (after a failed call)."""
         if self.fleet is None:
             return
+        deadline = time.monotonic() + grace_s
         dead = self.fleet.dead()
+        while not dead and time.monotonic() < deadline:
+            time.sleep(0.05)
+            dead = self.fleet.dead()
         if dead:
             if dead[0] in self.fleet.engines:
                 self._suspect = self.fleet.engines.index(dead[0])
-            raise RuntimeError(dead[0].describe_exit())
+            raise EngineGoneError(dead[0].describe_exit())
 
     def _each_engine(self, method: str, path: str, body: object) -> list[object]:
         answers = []
@@ -322,6 +334,7 @@ class HttpEngine:
                 answers.append(call_json(method, url + path, body, timeout=CONTROL_TIMEOUT_S))
             except HttpCallError:
                 self._suspect = i
+                self._check_processes(grace_s=EXIT_GRACE_S)
                 raise
         return answers
 

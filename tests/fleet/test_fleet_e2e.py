@@ -100,10 +100,10 @@ def test_one_engine_through_the_router_matches_the_in_process_run_bitwise(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_killed_engine_fails_the_run_within_the_timeout_and_leaves_no_process(tmp_path: Path) -> None:
+def test_a_killed_engine_fails_the_run_at_once_and_leaves_no_process(tmp_path: Path) -> None:
     run = tmp_path / "killed"
     argv = [sys.executable, "-m", "grpolab", "train", "--run-dir", str(run), *SMALL, "--num-rollout", "6"]
-    argv += ["--rollout-num-engines", "1", "--engine-failure-timeout", "10"]
+    argv += ["--rollout-num-engines", "1"]  # the default --engine-failure-timeout, 60 s
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -121,7 +121,9 @@ def test_a_killed_engine_fails_the_run_within_the_timeout_and_leaves_no_process(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err[-3000:]
-    assert seconds < 10 + 30, seconds  # the timeout, plus the health checks' and teardown's seconds
+    # a launched engine that exited cannot come back: the run fails at once, not after the 60 s
+    # (the seconds are the trainer's stop and the router's graceful shutdown, ~3-6 s on 2 busy cores)
+    assert seconds < 30, seconds
     assert "engine 0 (http://127.0.0.1:" in err and "killed by SIGKILL" in err, err[-3000:]
     assert "[engines/0.log]" in err  # the engine's last log lines are quoted
     status = [e for e in read_events(run) if e.get("event") == "status" or e.get("type") == "status"]

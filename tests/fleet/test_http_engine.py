@@ -144,3 +144,24 @@ def test_log_tail_strips_the_routers_colours(tmp_path) -> None:
     log.write_text("a\n\x1b[2m2026\x1b[0m \x1b[32m INFO\x1b[0m ready\n")
     assert log_tail(log, 1) == ["2026  INFO ready"]
     assert log_tail(tmp_path / "missing.log", 3) == []
+
+
+def test_an_engine_that_is_gone_fails_at_once_without_waiting_out_the_timeout() -> None:
+    from grpolab.core.engine.client import EngineClient, EngineDeadError, EngineGoneError
+
+    class Gone:
+        name = "gone engine"
+
+        def flush_cache(self) -> None:
+            raise EngineGoneError("engine 0 (http://127.0.0.1:1) exited (killed by SIGKILL)")
+
+        def log_tail(self, n: int = 20) -> list[str]:
+            return ["[engines/0.log] last line"]
+
+    slept: list[float] = []
+    client = EngineClient(Gone(), failure_timeout=60, sleep=slept.append)  # type: ignore[arg-type]
+    with pytest.raises(EngineDeadError, match=r"killed by SIGKILL") as info:
+        client.flush_cache()
+    assert (
+        slept == [] and info.value.failed_for == 0.0 and info.value.log_tail == ["[engines/0.log] last line"]
+    )
