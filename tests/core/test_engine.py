@@ -403,11 +403,11 @@ def test_factory_builds_the_kind_behind_a_client(ckpt: Path) -> None:
     engine = build_engine(_config(ckpt))
     assert isinstance(engine, EngineClient) and engine.failure_timeout == 7.0
     assert isinstance(engine.wrapped, TorchEngine) and engine.name == f"torch engine ({ckpt.name}, cpu)"
-    assert ENGINES.names() == ["torch"]
+    assert ENGINES.names() == ["sglang", "torch"]
     config = _config(ckpt)
     config.rollout.rollout_engine = "http"
     with pytest.raises(
-        ValueError, match=r"unknown rollout engine kind 'http' \(--rollout-engine\); valid: torch"
+        ValueError, match=r"unknown rollout engine kind 'http' \(--rollout-engine\); valid: sglang, torch"
     ):
         build_engine(config)
 

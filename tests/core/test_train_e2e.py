@@ -44,7 +44,9 @@ def test_run_directory_contract(two_rollouts: Path) -> None:
     }
     assert [e["weight_version"] for e in events if e["event"] == "weight_update"] == [1, 2, 3]
     rank0 = json.loads((two_rollouts / "ranks" / "0.json").read_text())
-    assert rank0["rank"] == 0 and rank0["pid"] > 0 and rank0["heartbeat"]["phase"] == "update_weights"
+    assert (
+        rank0["rank"] == 0 and rank0["pid"] > 0 and rank0["heartbeat"]["phase"] == "finished"
+    )  # left its loop normally
     console = (two_rollouts / "console.log").read_text()
     for line in ("rollout 1: {", "step 1: {", "perf 1: {", "[2/2] reward"):
         assert line in console
@@ -101,15 +103,16 @@ def test_real_gsm8k_prompts_run(tmp_path: Path, gsm8k_train: Path) -> None:
 
 
 # ---------------------------------------------------------------- bad input
-def fails(tmp_path: Path, capsys, *argv: str) -> str:
-    """Run `grpolab train` with bad input; it must exit 2 (through argparse when checked before the run)
-    and leave no run directory behind."""
+def fails(tmp_path: Path, capsys, *argv: str, run_dir_made: bool = False) -> str:
+    """Run `grpolab train` with bad input; it must exit 2 (through argparse when checked before the run).
+    Flags and input files are checked before the run directory is made; a checkpoint only after
+    (`run_dir_made=True`), and then the directory says why the run failed."""
     try:
         code = main(["train", *SMALL, "--num-rollout", "1", "--run-dir", str(tmp_path / "bad"), *argv])
     except SystemExit as e:
         code = e.code
     assert code == 2
-    assert not (tmp_path / "bad").exists()  # checked before the run directory was made
+    assert (tmp_path / "bad").exists() == run_dir_made
     return capsys.readouterr().err
 
 
@@ -172,7 +175,9 @@ def test_checkpoint_from_another_model_is_refused(tmp_path: Path, tiny_model_dir
     config.num_hidden_layers = 2
     config.layer_types = config.layer_types[:2]
     AutoModelForCausalLM.from_config(config).save_pretrained(other)
-    err = fails(tmp_path, capsys, "--hf-checkpoint", str(other), "--load", str(tmp_path / "ckpt"))
+    err = fails(
+        tmp_path, capsys, "--hf-checkpoint", str(other), "--load", str(tmp_path / "ckpt"), run_dir_made=True
+    )
     assert "--load" in err and "iter_0000001" in err and "another model" in err
 
 
