@@ -60,6 +60,14 @@ class TrainerState:
     """`DataIdentity.to_dict()` of the run that saved it; None in checkpoints from before it was stored."""
 
 
+def save_due(rollout_id: int, *, num_rollout: int, save_interval: int | None, exit_after: int | None) -> bool:
+    """Whether `--save` writes a checkpoint after rollout `rollout_id`: after the last rollout (of
+    `--num-rollout`, or `--debug-exit-after-rollout`) and after every `--save-interval` rollouts (Miles)."""
+    if rollout_id in (num_rollout - 1, exit_after):
+        return True
+    return save_interval is not None and (rollout_id + 1) % save_interval == 0
+
+
 def iteration_dir(parent: str | Path, next_rollout_id: int) -> Path:
     """`parent/iter_0000007` for a checkpoint taken before rollout 7 runs."""
     return Path(parent) / f"iter_{next_rollout_id:07d}"

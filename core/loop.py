@@ -29,17 +29,25 @@ from grpolab.core.actor import LogProbs
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.dist import DistContext, all_gather_objects, shutdown
-from grpolab.core.engine.base import Closeable, ReportsStats, Stoppable, capability
+from grpolab.core.engine.base import ReportsStats, Stoppable, capability
 from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
-from grpolab.core.metrics import PhaseTimer, RunSummary, format_line, rollout_metrics, summary_row
+from grpolab.core.metrics import (
+    PhaseTimer,
+    RunSummary,
+    format_line,
+    perf_metrics,
+    rollout_metrics,
+    summary_row,
+)
 from grpolab.core.preflight import check_inputs
 from grpolab.core.rollout import check_recordings, planned_rollout_ids
+from grpolab.core.run_end import close_engine, end_run_with_error
 from grpolab.core.startup import build_parts, open_run, resume
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
 from grpolab.replay.paths import eval_rollout_id
-from grpolab.rundir.writer import CONSOLE_LOG_ONLY, RunDirectory, describe_exception
+from grpolab.rundir.writer import RunDirectory
 
 log = logging.getLogger("grpolab")
 
@@ -98,9 +106,7 @@ class GRPORun:
             run._check_recordings()
         except BaseException as e:
             close_engine(run.engine if run is not None else None)
-            _log_end(e)
-            run_dir.heartbeat("error", None, error=describe_exception(e))
-            run_dir.finish("failed", error=f"{type(e).__name__}: {e}")
+            end_run_with_error(run_dir, e, None)
             raise
         return run
 
@@ -153,18 +159,9 @@ class GRPORun:
                 log.info(
                     f"warning: --ci-ft-test-actions: {action.action} at rollout {action.at_rollout} never fired"
                 )
-        except KeyboardInterrupt as e:
-            hold_sigterm()
-            _log_end(e)
-            self.run_dir.finish("interrupted", rollout_id=self.state.next_rollout_id)
-            raise
         except BaseException as e:
-            hold_sigterm()
-            _log_end(e)
-            self.run_dir.heartbeat("error", self.state.next_rollout_id, error=describe_exception(e))
-            self.run_dir.finish(
-                "failed", rollout_id=self.state.next_rollout_id, error=f"{type(e).__name__}: {e}"
-            )
+            hold_sigterm()  # a second SIGTERM must not cut the status write short
+            end_run_with_error(self.run_dir, e, self.state.next_rollout_id)
             raise
         finally:
             if gpu_sampler is not None:
@@ -281,11 +278,10 @@ class GRPORun:
         ckpt, actor = self.cfg.checkpoint, self.actor
         if actor is None or ckpt.save is None:
             return
-        last = (
-            rollout_id == self.cfg.rollout.num_rollout - 1
-            or rollout_id == self.cfg.debug.debug_exit_after_rollout
-        )
-        if not (last or (ckpt.save_interval is not None and (rollout_id + 1) % ckpt.save_interval == 0)):
+        num, exit_after = self.cfg.rollout.num_rollout, self.cfg.debug.debug_exit_after_rollout
+        if not checkpoint.save_due(
+            rollout_id, num_rollout=num, save_interval=ckpt.save_interval, exit_after=exit_after
+        ):
             return
         nxt = self.state.next_rollout_id
         state = checkpoint.TrainerState(
@@ -317,14 +313,11 @@ class GRPORun:
         self, rollout_id: int, start: float, line: dict[str, float], steps: list[dict[str, float]]
     ) -> None:
         """`perf N:` (seconds per phase, the step, engine throughput), the summary row, end-of-rollout faults."""
-        perf = self.timer.pop()
-        perf["perf/train_time"] = sum(
-            perf.get(f"perf/{k}_time", 0.0) for k in ("log_probs", "ref_log_probs", "actor_train")
-        )
-        perf["perf/step_time"] = time.perf_counter() - start
         stats = capability(self.engine, ReportsStats)
-        if stats is not None and "perf/rollout_time" in perf:
-            perf["perf/rollout_tokens_per_sec"] = float(stats.last_stats.get("tokens_per_s", 0.0))
+        engine_stats = None if stats is None else stats.last_stats
+        perf = perf_metrics(
+            self.timer.pop(), step_seconds=time.perf_counter() - start, engine_stats=engine_stats
+        )
         self._emit("perf", rollout_id, perf)
         log.info(summary_row(rollout_id, self.cfg.rollout.num_rollout, line, steps, perf))
         self.summary.add(rollout_id, line)
@@ -407,26 +400,6 @@ class GRPORun:
         self.run_dir.log_metrics(
             kind, index if rollout_id is None else rollout_id, metrics, step=index if kind == "step" else None
         )
-
-
-def close_engine(engine: object | None) -> None:
-    """End what the engine launched (`Closeable`: the HTTP engine's servers and router); no-op otherwise."""
-    closeable = capability(engine, Closeable)
-    if closeable is not None:
-        closeable.close()
-
-
-def _log_end(exc: BaseException) -> None:
-    """The line that ends a failed or interrupted run, into console.log (before `finish` closes it).
-
-    `grpolab train: error: <Type>: <message>` (or `grpolab train: interrupted (<why>)`), so that
-    `grpolab diagnose log RUN/console.log` sees why the run ended. It skips stdout: the `grpolab train`
-    command prints the error on stderr itself, and the terminal should show it once.
-    """
-    if isinstance(exc, KeyboardInterrupt):
-        log.warning(f"grpolab train: interrupted ({str(exc) or 'Ctrl+C'})", extra=CONSOLE_LOG_ONLY)
-    else:
-        log.error(f"grpolab train: error: {type(exc).__name__}: {exc}", extra=CONSOLE_LOG_ONLY)
 
 
 def train(config: Config, argv: list[str] | None = None, *, checked: bool = False) -> Path:

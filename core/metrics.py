@@ -105,6 +105,23 @@ class PhaseTimer:
         return out
 
 
+def perf_metrics(
+    phases: dict[str, float], *, step_seconds: float, engine_stats: dict[str, float] | None
+) -> dict[str, float]:
+    """The `perf N:` line: `phases` (`perf/<phase>_time`, seconds, from PhaseTimer.pop) plus
+    `perf/train_time` (log-probs + reference log-probs + actor train, as Miles' train_time),
+    `perf/step_time` (seconds) and, when the engine reports throughput and the step generated,
+    `perf/rollout_tokens_per_sec` (generated tokens per second of the last generate call)."""
+    perf = dict(phases)
+    perf["perf/train_time"] = sum(
+        perf.get(f"perf/{k}_time", 0.0) for k in ("log_probs", "ref_log_probs", "actor_train")
+    )
+    perf["perf/step_time"] = step_seconds
+    if engine_stats is not None and "perf/rollout_time" in perf:
+        perf["perf/rollout_tokens_per_sec"] = float(engine_stats.get("tokens_per_s", 0.0))
+    return perf
+
+
 def format_line(kind: str, index: int, metrics: dict[str, float]) -> str:
     """Miles' log line: `<kind> <index>: {python dict repr}` (single quotes, float reprs)."""
     return f"{kind} {index}: {dict(metrics)!r}"
