@@ -64,8 +64,8 @@ def check_recordings(
     start: int,
     evals: bool,
 ) -> list[Path]:
-    """Before the first rollout of a run starting at rollout `start`: every recording it reads exists
-    and comes from one run (`RolloutProducer.check_recordings`), and none it writes (rollouts and,
+    """Before the first rollout of a run starting at rollout `start`: every recording it reads exists,
+    is intact, holds the rollout it is read as and comes from one run (`RolloutProducer.check_recordings`), and none it writes (rollouts and,
     when `evals` (an engine evaluates), its `eval_<id>` files) replaces another run's recording.
 
     Returns:
@@ -136,8 +136,8 @@ class RolloutProducer:
 
     def check_recordings(self, rollout_ids: list[int]) -> None:
         """Before the first rollout: every recording the run will read (`--load-debug-rollout-data`,
-        or `--ci-inject-rollout-data-path` from its start id) exists and comes from one run with this
-        run's setup (`RolloutReplayer.check_ready`), instead of failing after minutes of work.
+        or `--ci-inject-rollout-data-path` from its start id) exists, is intact, holds the rollout it
+        is read as and comes from one run with this run's setup (`RolloutReplayer.check_ready`), instead of failing after minutes of work.
 
         Raises:
             FileNotFoundError / RecordingMismatchError / RecordingError: see `check_ready`.

@@ -349,6 +349,19 @@ def _validate(header: dict[str, Any], arrays: dict[str, np.ndarray], name: str) 
     return n
 
 
+def verify_rollout(path: str | Path) -> dict[str, Any]:
+    """Check a whole recording (both checksums, the array table, the header) without rebuilding its
+    samples; return its header. For start-up checks: what `load_rollout` would reject, found before
+    the first rollout.
+
+    Raises:
+        RecordingError: see `load_rollout`.
+    """
+    header, arrays = read_container(path)
+    _validate(header, arrays, str(path))
+    return header
+
+
 def load_rollout(path: str | Path) -> RolloutRecording:
     """Read a `.grz` rollout recording and rebuild its samples exactly.
 

@@ -4,8 +4,8 @@
   each header naming the run that wrote it (run id, run dir); before the first rollout it refuses
   to replace a recording another run made (`--overwrite-debug-rollout-data` allows it).
 - `RolloutReplayer` loads `--load-debug-rollout-data` / `--ci-inject-rollout-data-path` recordings.
-  Before the first rollout it checks that every one the run will read exists and that they come
-  from one run; it refuses a recording whose model, tokenizer, chat template or training-relevant
+  Before the first rollout it checks that every one the run will read exists, is intact (checksums
+  verified), holds the rollout it is read as (its header's rollout id), and that they come from one run; it refuses a recording whose model, tokenizer, chat template or training-relevant
   config differs from this run (the message lists the differing fields), and a set recorded by
   different runs (naming the files and both runs); `--allow-recording-mismatch` turns both into
   warnings. Recordings made before run identities existed carry none: they load, with a warning
@@ -25,7 +25,13 @@ from grpolab.core.batch import Sample
 from grpolab.core.model_files import compare_model_fingerprints, config_only_warning
 from grpolab.replay.format import RecordingError, read_header
 from grpolab.replay.paths import SAVE_FLAG, format_path
-from grpolab.replay.recording import FINGERPRINT_FIELDS, compare_fingerprints, load_rollout, save_rollout
+from grpolab.replay.recording import (
+    FINGERPRINT_FIELDS,
+    compare_fingerprints,
+    load_rollout,
+    save_rollout,
+    verify_rollout,
+)
 
 SHOWN = 8
 """How many files an error message lists before "and N more"."""
@@ -184,14 +190,19 @@ class RolloutReplayer:
         return Path(format_path(self.template, rollout_id, flag=self.flag))
 
     def check_ready(self, rollout_ids: list[int]) -> None:
-        """Before the first rollout: every recording the run will read exists, was made with this
-        run's setup, and all come from one run. Reads the headers only.
+        """Before the first rollout: every recording the run will read exists, is intact (both
+        checksums and the array table are verified: `verify_rollout` reads each file whole, about as
+        long as loading it), holds the rollout it is read as, was made with this run's setup, and all
+        come from one run.
 
         Raises:
             FileNotFoundError: listing every missing recording.
-            RecordingMismatchError: a recording made with another setup (see `load`), or recordings
-                of different runs (naming the files of each run); warnings instead with allow_mismatch.
-            grpolab.replay.format.RecordingError: a file that is not a readable recording.
+            RecordingMismatchError: a recording whose header names another rollout (listing each file,
+                the rollout asked for and the one it holds), made with another setup (see `load`), or
+                recordings of different runs (naming the files of each run); warnings instead with
+                allow_mismatch.
+            grpolab.replay.format.RecordingError: a file that is not an intact recording (corrupt,
+                truncated, not a recording), named.
         """
         paths = {rollout_id: self.path(rollout_id) for rollout_id in rollout_ids}
         missing = [f"rollout {r}: expected {p}" for r, p in paths.items() if not p.is_file()]
@@ -200,12 +211,45 @@ class RolloutReplayer:
                 f"{self.flag}: {len(missing)} of the {len(paths)} rollouts this run reads have no recording "
                 "(checked before the first rollout):" + _listing(missing)
             )
-        headers = {p: read_header(p) for p in paths.values()}
+        headers = {}
+        for r, p in paths.items():
+            try:
+                headers[p] = verify_rollout(p)
+            except RecordingError as e:
+                raise RecordingError(
+                    f"{self.flag}: rollout {r}: {e} (checked before the first rollout)"
+                ) from None
+        self._check_rollout_ids({r: (p, headers[p]["rollout_id"]) for r, p in paths.items()})
         for p, header in headers.items():
             self._check_setup(
                 p, {k: header.get(k, "") for k in FINGERPRINT_FIELDS}, header.get("train_config")
             )
         self._check_one_run(headers)
+
+    def _check_rollout_ids(self, recorded: dict[int, tuple[Path, int | str]]) -> None:
+        """Refuse (or warn about, with allow_mismatch) files read as rollout r whose header names
+        another rollout: a renamed or copied recording would train rollout r on another rollout's data.
+
+        Args:
+            recorded: rollout id asked for -> (its file, the rollout id its header names).
+        """
+        wrong = [
+            f"{p}: read as rollout {r}, but its header says rollout {held!r}"
+            for r, (p, held) in recorded.items()
+            if held != r
+        ]
+        if not wrong:
+            return
+        message = (
+            f"{self.flag}: {len(wrong)} recording(s) hold another rollout than the one this run reads "
+            "them as (a renamed or copied file):" + _listing(wrong)
+        )
+        if not self.allow_mismatch:
+            raise RecordingMismatchError(
+                message + "\n(pass --allow-recording-mismatch to train on them as named anyway)"
+            )
+        if message not in self.warnings:
+            self.warnings.append(message)
 
     def _check_one_run(self, headers: dict[Path, dict[str, Any]]) -> None:
         by_run: dict[str, list[Path]] = {}
@@ -254,13 +298,15 @@ class RolloutReplayer:
 
         Raises:
             FileNotFoundError: naming the expected path when the recording is missing.
-            RecordingMismatchError: listing every differing field (unless allow_mismatch).
+            RecordingMismatchError: listing every differing field, or a header that names another
+                rollout (unless allow_mismatch).
             grpolab.replay.format.RecordingError: for a corrupt, truncated or future-version file.
         """
         path = self.path(rollout_id)
         if not path.is_file():
             raise FileNotFoundError(f"{self.flag}: no recording for rollout {rollout_id}: expected {path}")
         recording = load_rollout(path)
+        self._check_rollout_ids({rollout_id: (path, recording.rollout_id)})
         self._check_setup(path, recording.fingerprints, recording.train_config)
         samples = recording.samples
         if self.subsample is not None:

@@ -287,3 +287,26 @@ def test_recording_from_another_tokenizer_is_refused(
     err = capsys.readouterr().err
     assert "tokenizer_fingerprint: recording has" in err and "--allow-recording-mismatch" in err
     assert main([*argv, "--allow-recording-mismatch", "--run-dir", str(tmp_path / "allowed")]) == 0
+
+
+@pytest.mark.parametrize("flag", ["--load-debug-rollout-data", "--ci-inject-rollout-data-path"])
+def test_a_swapped_or_corrupt_recording_is_exit_2_before_the_first_rollout(
+    captured: Path, tmp_path: Path, flag: str, capsys
+) -> None:
+    """The tester's `cp rec/r_2.grz recswap/r_0.grz` (issue 15 fix F6), then a damaged r_1."""
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    shutil.copy(captured / "rec" / "r_2.grz", swap / "r_0.grz")
+    shutil.copy(captured / "rec" / "r_1.grz", swap / "r_1.grz")
+    argv = ["train", *SMALL, "--num-rollout", "2", flag, str(swap / "r_{rollout_id}.grz")]
+    assert main([*argv, "--run-dir", str(tmp_path / "a")]) == 2
+    assert f"{swap / 'r_0.grz'}: read as rollout 0, but its header says rollout 2" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "metrics.jsonl").exists()
+    shutil.copy(captured / "rec" / "r_0.grz", swap / "r_0.grz")
+    data = bytearray((swap / "r_1.grz").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (swap / "r_1.grz").write_bytes(bytes(data))
+    assert main([*argv, "--run-dir", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: rollout 1: {swap / 'r_1.grz'}: corrupt recording" in err
+    assert not (tmp_path / "b" / "metrics.jsonl").exists()

@@ -171,3 +171,43 @@ def test_frozen_recording_note() -> None:
     note = frozen_recording_note(first, 0, 2)
     assert "still 0 as at rollout 0" in note and "--debug-rollout-only" in note
     assert "only rollout 0 is expected to match exactly" in note
+
+
+def corrupt_middle_byte(path: Path) -> None:
+    """Flip one byte inside the compressed payload (the CRC-32 no longer matches)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("flag", ["--load-debug-rollout-data", "--ci-inject-rollout-data-path"])
+def test_a_recording_read_as_another_rollout_is_refused(tmp_path: Path, flag: str) -> None:
+    """The tester's swap: rollout 2's file copied to r_0, rollout 1's to r_1 (issue 15 fix F6)."""
+    a, b = record(str(tmp_path / "a" / "r_{rollout_id}.grz"), "run-a", [0, 1, 2]), tmp_path / "b"
+    b.mkdir()
+    (b / "r_0.grz").write_bytes(a[2].read_bytes())
+    (b / "r_1.grz").write_bytes(a[1].read_bytes())
+    template = str(b / "r_{rollout_id}.grz")
+    rp = RolloutReplayer(template, IDENTITY, flag=flag)
+    with pytest.raises(RecordingMismatchError) as e:
+        rp.check_ready([0, 1])
+    assert str(e.value).startswith(f"{flag}: 1 recording(s) hold another rollout than the one this run reads")
+    assert f"{b / 'r_0.grz'}: read as rollout 0, but its header says rollout 2\n" in str(e.value)
+    assert "r_1.grz" not in str(e.value)
+    with pytest.raises(RecordingMismatchError, match="read as rollout 0, but its header says rollout 2"):
+        rp.load(0)  # the file changed after the start-up check: load refuses it too
+    assert len(rp.load(1)[0]) == 4
+    allowed = RolloutReplayer(template, IDENTITY, allow_mismatch=True, flag=flag)
+    allowed.check_ready([0, 1])  # the explicit flag trains on them as named, with a warning
+    assert len(allowed.warnings) == 1 and "header says rollout 2" in allowed.warnings[0]
+
+
+def test_a_corrupt_recording_is_found_before_the_first_rollout(tmp_path: Path) -> None:
+    """Every recording's checksums are verified by the start-up check, not when its rollout comes up."""
+    paths = record(str(tmp_path / "r_{rollout_id}.grz"), "run-a", [0, 1, 2])
+    corrupt_middle_byte(paths[2])
+    read_header(paths[2])  # the header-only read cannot see the damage
+    with pytest.raises(RecordingError) as e:
+        replayer(str(tmp_path / "r_{rollout_id}.grz")).check_ready([0, 1, 2])
+    assert str(e.value).startswith(f"--load-debug-rollout-data: rollout 2: {paths[2]}: corrupt recording")
+    replayer(str(tmp_path / "r_{rollout_id}.grz")).check_ready([0, 1])  # the intact ones pass
