@@ -495,6 +495,7 @@ def test_rules_are_registered_by_id():
         "engine_dead_timeout",
         "train_failed",
         "rank_error",
+        "router_engine_errors",
     }
     again = type("Again", (Rule,), {"id": "fa3_sm", "severity": "error", "source": "x"})
     with pytest.raises(ValueError, match="'fa3_sm' is already registered"):

@@ -2,8 +2,8 @@
 
 engine.py (a run or engine that cannot start or runs out of memory), announcements.py (grpolab's own
 announcements), run_failure.py (how a failed `grpolab train` ends), kernels.py (kernel and weight-update
-crashes), nccl_timeout.py (NCCL watchdog timeouts), metrics.py (the printed metrics) and dead_engine.py
-(503 errors judged by the watchdog rule).
+crashes), nccl_timeout.py (NCCL watchdog timeouts), metrics.py (the printed metrics), dead_engine.py
+(503 errors judged by the watchdog rule) and router.py (sglang-router's errors about its engines).
 """
 
 from grpolab.diagnose.logdoctor.rules import (
@@ -13,10 +13,11 @@ from grpolab.diagnose.logdoctor.rules import (
     kernels,
     metrics,
     nccl_timeout,
+    router,
     run_failure,
 )
 
-RULE_FAMILIES = (engine, announcements, run_failure, kernels, nccl_timeout, metrics, dead_engine)
+RULE_FAMILIES = (engine, announcements, run_failure, kernels, nccl_timeout, metrics, dead_engine, router)
 """The modules whose rules are registered (importing them registers them), in the order their rules are
 judged: a family's rules in the order it defines them, then the `judged_last` ones."""
 
