@@ -103,7 +103,23 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `grpolab` console script; returns the exit code."""
+    """Entry point of the `grpolab` console script; returns the exit code.
+
+    A reader that closes stdout early (`grpolab replay inspect F | head`) ends the command quietly
+    with 141 (128 + SIGPIPE, what a shell reports for `yes | head`), the way the Python docs
+    recommend: stdout is pointed at /dev/null so the interpreter's final flush cannot fail again.
+    """
+    try:
+        code = _dispatch(argv)
+        sys.stdout.flush()  # a pipe closed after the last write surfaces here, inside the try
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _dispatch(argv: list[str] | None) -> int:
+    """Parse the command line and run the subcommand; returns its exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -51,9 +51,24 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     lp.add_argument(
         "run_dir", metavar="RUN_DIR", help="run directory of a run with --save-debug-rollout-data"
     )
-    lp.add_argument("--rollout", type=int, required=True, metavar="N", help="recorded rollout id")
+    lp.add_argument("--rollout", type=rollout_id_arg, required=True, metavar="N", help="recorded rollout id")
     lp.add_argument("--force", action="store_true", help="replace an existing result file")
     return replay
+
+
+def rollout_id_arg(text: str) -> int:
+    """argparse type of `--rollout`: a training rollout id, an int >= 0.
+
+    Raises:
+        argparse.ArgumentTypeError: not an int, or negative (argparse names the flag, exit 2).
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a rollout id (an integer >= 0), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a rollout id (an integer >= 0), got {value}")
+    return value
 
 
 def run_replay_command(
@@ -87,6 +102,8 @@ def run_replay_command(
             print_gap_summary(result, path, args.run_dir, out=out)
             return 0
         raise ValueError(f"unknown replay command {args.replay_command!r}")
+    except BrokenPipeError:
+        raise  # stdout closed by its reader (`| head`): not an error of the input; grpolab.cli.main ends quietly
     except (RecordingError, ValueError, OSError) as e:
         print(f"grpolab replay {args.replay_command}: error: {e}", file=err)
         return 2

@@ -12,6 +12,7 @@ rewards), `prompt_index` copies `group_index`, fingerprints are empty.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 from pathlib import Path
@@ -250,6 +251,30 @@ def miles_samples(
     return samples
 
 
+def check_output(in_path: str | Path, out_path: str | Path, *, force: bool) -> None:
+    """Refuse an output `grpolab replay convert` must not write, with or without `--force`.
+
+    Raises:
+        IsADirectoryError: `out_path` is a directory (the message suggests a file inside it).
+        ValueError: `out_path` is the input file itself (same path, a symlink or a hard link to it):
+            writing it would destroy the dump being converted.
+        FileExistsError: `out_path` exists and `force` is False.
+    """
+    out = Path(out_path)
+    if out.is_dir():
+        suggestion = out / Path(in_path).with_suffix(".grz").name
+        raise IsADirectoryError(
+            f"output {out_path} is a directory; give the .grz file to write, e.g. {suggestion}"
+        )
+    if out.exists() and Path(in_path).exists() and os.path.samefile(in_path, out):
+        raise ValueError(
+            f"output {out_path} is the input file {in_path}; writing it would destroy the dump being "
+            "converted (even with --force): give another output path"
+        )
+    if not force and out.exists():
+        raise FileExistsError(f"{out_path} already exists; pass --force to replace it")
+
+
 def convert_miles(
     in_path: str | Path,
     out_path: str | Path,
@@ -270,11 +295,10 @@ def convert_miles(
         Bytes written.
 
     Raises:
-        FileExistsError: `out_path` exists and `force` is False (checked before reading the dump).
+        IsADirectoryError / ValueError / FileExistsError: see `check_output` (before reading the dump).
         RecordingError: see `load_miles_pt` and `miles_samples`.
     """
-    if not force and Path(out_path).exists():
-        raise FileExistsError(f"{out_path} already exists; pass --force to replace it")
+    check_output(in_path, out_path, force=force)
     dump = load_miles_pt(in_path)
     samples = miles_samples(dump, name=str(in_path), reward_key=reward_key)
     rollout_id = dump.get("rollout_id", 0)

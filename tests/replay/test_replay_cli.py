@@ -174,3 +174,60 @@ def test_wiring_into_a_parent_parser(tmp_path: Path, capsys: pytest.CaptureFixtu
     args = parser.parse_args(["replay", "inspect", str(tmp_path / "r.grz")])
     assert args.command == "replay" and run_replay_command(args) == 0
     assert "samples: 8" in capsys.readouterr().out
+
+
+def test_convert_never_writes_over_its_input_or_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`convert m.pt m.pt --force` replaced the dump being converted; a directory output said
+    "already exists", and with --force `[Errno 21] Is a directory` (issue 15 fix F6)."""
+    dump = tmp_path / "m.pt"
+    torch.save(make_dump(), dump)
+    before = dump.read_bytes()
+    (tmp_path / "link.pt").symlink_to(dump)
+    (tmp_path / "hard.pt").hardlink_to(dump)
+    for out in ("m.pt", "link.pt", "hard.pt"):
+        for force in ([], ["--force"]):
+            assert main(["convert", str(dump), str(tmp_path / out), "--reward-key", "acc", *force]) == 2
+            assert (
+                f"grpolab replay convert: error: output {tmp_path / out} is the input file {dump}; "
+                "writing it would destroy the dump being converted (even with --force)"
+            ) in capsys.readouterr().err
+    assert dump.read_bytes() == before
+    (tmp_path / "outdir").mkdir()
+    for force in ([], ["--force"]):
+        assert main(["convert", str(dump), str(tmp_path / "outdir"), "--reward-key", "acc", *force]) == 2
+        err = capsys.readouterr().err
+        assert f"output {tmp_path / 'outdir'} is a directory; give the .grz file to write, e.g. " in err
+        assert str(tmp_path / "outdir" / "m.grz") in err and "Errno" not in err
+    assert main(["convert", str(dump), str(tmp_path / "outdir" / "m.grz"), "--reward-key", "acc"]) == 0
+
+
+@pytest.mark.parametrize("value", ["-1", "x"])
+def test_logprobs_rollout_must_be_a_rollout_id(
+    tmp_path: Path, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--rollout -1` looked for `r_-1.grz`; it is a flag error now (exit 2, argparse's usage)."""
+    with pytest.raises(SystemExit) as e:
+        main(["logprobs", str(tmp_path), "--rollout", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"argument --rollout: expected a rollout id (an integer >= 0), got {value if value == '-1' else repr(value)}"
+        in err
+    )
+
+
+def test_a_closed_stdout_ends_any_command_quietly(tmp_path: Path) -> None:
+    """`grpolab replay inspect F | head` printed `error: [Errno 32] Broken pipe` (issue 15 fix F6):
+    the reader is gone before the command writes; it exits 141 with nothing on stderr."""
+    _record(tmp_path / "r.grz")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpolab", "replay", "inspect", str(tmp_path / "r.grz"), "--sample", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader leaves before the first line (startup takes far longer)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""
