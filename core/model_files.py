@@ -7,8 +7,13 @@ which transformers' `from_pretrained` looks for them: model.safetensors, model.s
 (with every shard its weight_map names), pytorch_model.bin, pytorch_model.bin.index.json (with its
 shards). A safetensors file is whole when its size is what its header says: 8 bytes of header length
 N, N bytes of JSON header, then the tensor data, whose byte ranges (`data_offsets`) the header lists
-(the safetensors format specification). A `.gguf` file holds config, tokenizer and weights and
-starts with the magic bytes `GGUF` (the GGUF specification, ggml/docs/gguf.md).
+(the safetensors format specification); the safetensors library refuses a header over 100 MB
+(`MAX_HEADER_SIZE` in safetensors/src/tensor.rs), so a larger length means the file is not safetensors.
+config.json, tokenizer.json and tokenizer_config.json must be JSON objects (transformers parses them
+and would fail with a traceback naming no file). A `.gguf` file holds config, tokenizer and weights:
+the magic bytes `GGUF`, a uint32 version (2 or 3, what the `gguf` package reads), a uint64 tensor
+count and a uint64 metadata key-value count, little-endian (the GGUF specification, ggml/docs/gguf.md);
+with the `gguf` package installed (extra `gguf`) its whole header is read as transformers would.
 
 The model fingerprint (core/modeling.py) hashes the same weight files, so what is checked here is
 what is fingerprinted; `compare_model_fingerprints` says how a stored fingerprint compares with one
@@ -17,8 +22,10 @@ computed now, including those stored before the weights were fingerprinted.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import struct
 import zipfile
 from pathlib import Path
 from typing import Literal
@@ -33,6 +40,12 @@ WEIGHT_FILES = (
 )
 """The weights transformers loads, in the order it looks for them; the first that exists is used."""
 GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+"""GGUF versions the `gguf` package (and so transformers) reads; version 1 had 32-bit counts."""
+SAFETENSORS_MAX_HEADER = 100_000_000
+"""Bytes; the safetensors library's MAX_HEADER_SIZE (safetensors/src/tensor.rs)."""
+JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+"""Files of a model directory that must be JSON objects when present (config.json must be)."""
 
 _EXPECTED_TOKENIZER = "tokenizer.json, or a slow tokenizer's tokenizer.model, vocab.json or vocab.txt"
 _EXPECTED_WEIGHTS = (
@@ -46,7 +59,7 @@ def split_checkpoint(path: str | Path) -> tuple[Path, str | None]:
 
     Raises:
         FileNotFoundError: the path does not exist (naming `--hf-checkpoint` and what was expected).
-        ValueError: a file that is not a .gguf, or a directory without config.json.
+        ValueError: a file that is not a .gguf.
     """
     p = Path(path).expanduser()
     if not p.exists():
@@ -100,8 +113,10 @@ def check_model(path: str | Path, *, tokenizer: bool = True, weights: bool = Tru
 
     Raises:
         FileNotFoundError / ValueError: naming `--hf-checkpoint`, the directory or file and every
-            expected file that is missing; a truncated weight file with the size its header states
-            and the size it has; a .gguf without the GGUF magic bytes.
+            expected file that is missing; a config.json, tokenizer.json or tokenizer_config.json
+            that is not a JSON object; a truncated weight file with the size its header states and
+            the size it has, or one that is not the format its name says; a .gguf whose header is not
+            GGUF's (`gguf_problem`).
     """
     directory, gguf = split_checkpoint(path)
     if gguf is not None:
@@ -120,11 +135,47 @@ def check_model(path: str | Path, *, tokenizer: bool = True, weights: bool = Tru
             f"--hf-checkpoint: {directory} is not a complete model directory (a save_pretrained folder): "
             "missing " + "; missing ".join(missing)
         )
+    for name in JSON_FILES if tokenizer else JSON_FILES[:1]:
+        problem = json_object_problem(directory / name)
+        if problem:
+            raise ValueError(f"--hf-checkpoint: {directory / name} {problem}")
     for file in files:
         problem = weight_file_problem(file)
         if problem:
             raise ValueError(f"--hf-checkpoint: {file} {problem}")
     return directory, None
+
+
+def json_object_problem(path: Path) -> str | None:
+    """Why `path` (if it exists) is not a UTF-8 JSON object, with the line and column, or None."""
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return f"is not UTF-8 (byte {e.start}); expected a JSON object"
+    except json.JSONDecodeError as e:
+        return f"is not valid JSON (line {e.lineno} column {e.colno}: {e.msg}); expected a JSON object"
+    if not isinstance(value, dict):
+        return f"is a JSON {type(value).__name__}, expected a JSON object"
+    return None
+
+
+def max_position_embeddings(path: str | Path) -> int | None:
+    """The model's longest sequence in tokens (prompt + response), from config.json's
+    `max_position_embeddings` (or its `text_config`'s); None for a .gguf file or a config without one.
+
+    Raises:
+        FileNotFoundError / ValueError: as `check_model(path, tokenizer=False, weights=False)`.
+    """
+    directory, gguf = check_model(path, tokenizer=False, weights=False)
+    if gguf is not None:
+        return None
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    value = config.get(
+        "max_position_embeddings", (config.get("text_config") or {}).get("max_position_embeddings")
+    )
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def weight_file_problem(path: Path) -> str | None:
@@ -148,6 +199,13 @@ def safetensors_problem(path: Path) -> str | None:
         if len(head) < 8:
             return f"is truncated: {size} bytes, shorter than the 8-byte header length of a safetensors file"
         header_len = int.from_bytes(head, "little")
+        if header_len > SAFETENSORS_MAX_HEADER or f.read(1) not in (b"{", b""):
+            return (
+                "is not a safetensors file: its first 8 bytes do not give the length of a JSON header "
+                f"(they say {header_len} bytes; a safetensors header is JSON of at most "
+                f"{SAFETENSORS_MAX_HEADER} bytes)"
+            )
+        f.seek(8)
         if 8 + header_len > size:
             return (
                 f"is truncated: its header says {8 + header_len} bytes of header, the file has {size} bytes"
@@ -166,11 +224,45 @@ def safetensors_problem(path: Path) -> str | None:
 
 
 def gguf_problem(path: Path) -> str | None:
-    """Why `path` is not a GGUF file (it does not start with the magic bytes `GGUF`), or None."""
+    """Why `path` is not a GGUF file transformers can read (see the module docstring), or None.
+
+    A tensor's entry in the header takes at least 24 bytes and a metadata entry at least 13 (their
+    fixed-size fields), so counts a file of its size cannot hold mean a corrupt header.
+    """
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        return f"is not a GGUF file: it starts with {magic!r}, a GGUF file with {GGUF_MAGIC!r}"
+        head = f.read(24)
+    if head[:4] != GGUF_MAGIC:
+        return f"is not a GGUF file: it starts with {head[:4]!r}, a GGUF file with {GGUF_MAGIC!r}"
+    if len(head) < 24:
+        return f"is truncated: {size} bytes, shorter than the 24-byte GGUF header (magic, version, counts)"
+    version, tensors, kvs = struct.unpack("<IQQ", head[4:])
+    if version not in GGUF_VERSIONS:
+        return f"is not a readable GGUF file: version {version}, expected one of {GGUF_VERSIONS}"
+    if 24 + 24 * tensors + 13 * kvs > size:
+        return (
+            f"is truncated or corrupt: its header says {tensors} tensors and {kvs} metadata entries, "
+            f"more than its {size} bytes can hold"
+        )
+    st = path.stat()
+    return _gguf_reader_problem(path.resolve(), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_reader_problem(path: Path, size: int, mtime_ns: int) -> str | None:
+    """What the `gguf` package's reader (transformers' GGUF loader) says is wrong, or None (also when
+    the package is not installed: transformers then names the missing package itself).
+
+    Cached by path, size and mtime: reading SmolLM2-135M's header (its 49k-token vocabulary) takes
+    ~2.5 s on a loaded 2-core machine, and a run checks the model several times."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        return None
+    try:
+        GGUFReader(path, "r")
+    except Exception as e:  # noqa: BLE001 (any reader failure is a corrupt file; named, not a traceback)
+        return f"is not a readable GGUF file (the gguf reader says {type(e).__name__}: {e})"
     return None
 
 

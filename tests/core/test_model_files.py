@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -230,3 +232,53 @@ def test_resume_with_other_weights_is_refused_and_old_checkpoints_warn(
     assert main([*resume, "--run-dir", str(tmp_path / "c")]) == 0
     console = (tmp_path / "c" / "console.log").read_text()
     assert f"--load: {ck / 'iter_0000001'} predates weight fingerprints" in console
+
+
+def corrupt_models(tiny_model_dir: Path, tmp: Path) -> dict[str, tuple[Path, Path, str]]:
+    """name -> (--hf-checkpoint value, the file the message names, what it says): the tester's corrupt
+    files (F2), each of which gave a traceback or a misleading message before."""
+    bad_config = copy_model(tiny_model_dir, tmp / "bad_config")
+    (bad_config / "config.json").write_text('{"model_type": \n')
+    bad_tok = copy_model(tiny_model_dir, tmp / "bad_tok")
+    (bad_tok / "tokenizer.json").write_text("")
+    list_config = copy_model(tiny_model_dir, tmp / "list_config")
+    (list_config / "config.json").write_text("[1, 2]")
+    noise = copy_model(tiny_model_dir, tmp / "noise")
+    (noise / "model.safetensors").write_bytes(random.Random(0).randbytes(4096))  # header length ~1e19
+    short_gguf = tmp / "fake.gguf"
+    short_gguf.write_bytes(b"GGUFxxxx")
+    v9_gguf = tmp / "v9.gguf"
+    v9_gguf.write_bytes(b"GGUF" + struct.pack("<IQQ", 9, 1, 1) + b"\0" * 64)
+    huge_gguf = tmp / "huge.gguf"
+    huge_gguf.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 10**9, 1) + b"\0" * 64)
+    return {
+        "bad_config": (bad_config, bad_config / "config.json", "is not valid JSON (line 2 column 1"),
+        "bad_tok": (bad_tok, bad_tok / "tokenizer.json", "is not valid JSON (line 1 column 1"),
+        "list_config": (list_config, list_config / "config.json", "is a JSON list, expected a JSON object"),
+        "noise": (noise, noise / "model.safetensors", "is not a safetensors file"),
+        "short_gguf": (short_gguf, short_gguf, "is truncated: 8 bytes, shorter than the 24-byte GGUF header"),
+        "v9_gguf": (v9_gguf, v9_gguf, "is not a readable GGUF file: version 9, expected one of (2, 3)"),
+        "huge_gguf": (huge_gguf, huge_gguf, "is truncated or corrupt: its header says 1000000000 tensors"),
+    }
+
+
+def test_corrupt_model_files_are_bad_input_naming_the_file(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    for name, (model, file, needle) in corrupt_models(tiny_model_dir, tmp_path).items():
+        run_dir = tmp_path / f"run_{name}"
+        with pytest.raises(SystemExit) as info:
+            main(["train", "--hf-checkpoint", str(model), "--run-dir", str(run_dir)])
+        err = capsys.readouterr().err
+        assert info.value.code == 2, name
+        assert f"--hf-checkpoint: {file} {needle}" in err and "Traceback" not in err, (name, err)
+        assert "truncated" not in err or name.endswith("gguf"), err  # random bytes are not "truncated"
+        assert not run_dir.exists(), name
+
+
+def test_a_gguf_the_gguf_reader_rejects_is_named(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    bad = tmp_path / "bad.gguf"  # a plausible header, then a metadata key whose length runs past the file
+    bad.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + b"\xff" * 200)
+    with pytest.raises(ValueError, match=r"bad\.gguf is not a readable GGUF file \(the gguf reader says"):
+        check_model(bad)
