@@ -118,7 +118,7 @@ class CIConfig:
     ci_logprobs_checker_abs_tol: float = 0.03
     """Trainer-vs-engine mean log-prob gap tolerance."""
     ci_entropy_range: list[float] = field(
-        default_factory=lambda: list(MILES_ENTROPY_RANGE), metadata={"metavar": "LOW HIGH"}
+        default_factory=lambda: list(MILES_ENTROPY_RANGE), metadata={"metavar": ("LOW", "HIGH")}
     )
     """Two values LOW HIGH: the log-prob checker fails when rollout/entropy (nats per token) is not
     strictly inside (default: 0 0.7, the range Miles' --ci-test asserts on the runs of its CI

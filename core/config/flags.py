@@ -6,7 +6,8 @@ text is the first paragraph of the field's attribute docstring (the string liter
 the class source, read with `ast` once, when the flags are first built) plus its default; further
 paragraphs are notes for readers of the code. The annotation gives the kind:
 `bool` (or `bool | None`) → `--x/--no-x`; `int`, `float`, `str` (or `X | None`) → one value;
-`list[str]` → one or more values (metadata "metavar" names them). Every flag defaults to None, "not
+`list[str]` → one or more values (metadata "metavar" names them; a tuple of names, e.g. ("LOW",
+"HIGH"), makes it exactly that many values). Every flag defaults to None, "not
 given", so the dataclass default applies: the dataclasses are the one table of defaults.
 """
 
@@ -41,7 +42,8 @@ class TrainFlag:
         kind: bool, int, float or str (the type of one value).
         many: the field is a list: the flag takes one or more values.
         help: the help text (the docstring's first paragraph, whitespace collapsed, plus the default).
-        metavar: the values' name in --help (None: argparse's default).
+        metavar: the values' name in --help (None: argparse's default); a tuple names each of exactly
+            that many values.
     """
 
     section: str
@@ -50,7 +52,7 @@ class TrainFlag:
     kind: type
     many: bool
     help: str
-    metavar: str | None = None
+    metavar: str | tuple[str, ...] | None = None
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
@@ -141,7 +143,8 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
             kw["action"] = argparse.BooleanOptionalAction
         else:
             kind = finite_float if tf.kind is float else tf.kind
-            kw.update(type=kind, metavar=tf.metavar, nargs="+" if tf.many else None)
+            nargs = len(tf.metavar) if isinstance(tf.metavar, tuple) else "+" if tf.many else None
+            kw.update(type=kind, metavar=tf.metavar, nargs=nargs)
         groups[tf.section].add_argument(tf.flag, **kw)
 
 

@@ -257,3 +257,14 @@ def test_gpu_sample_interval_zero_or_from_a_tenth_of_a_second() -> None:
     assert parse("--gpu-sample-interval", "0").run.gpu_sample_interval == 0
     assert parse("--gpu-sample-interval", "0.1").run.gpu_sample_interval == 0.1
     assert parse().run.gpu_sample_interval == 1.0
+
+
+def test_ci_entropy_range_takes_exactly_two_values_and_says_so(capsys) -> None:
+    """Its help showed `LOW HIGH [LOW HIGH ...]` though only two values are accepted."""
+    action = train_actions()["--ci-entropy-range"]
+    assert action.nargs == 2 and action.metavar == ("LOW", "HIGH")
+    assert "--ci-entropy-range LOW HIGH\n" in subcommand_parser(build_parser(), "train").format_help()
+    assert parse("--ci-entropy-range", "0.1", "2").ci.ci_entropy_range == [0.1, 2.0]
+    with pytest.raises(SystemExit) as info:
+        parse("--ci-entropy-range", "0.1")
+    assert info.value.code == 2 and "--ci-entropy-range: expected 2 arguments" in capsys.readouterr().err
