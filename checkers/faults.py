@@ -170,6 +170,22 @@ def parse_fault_actions(text: str) -> list[FaultAction]:
     return actions
 
 
+def check_reachable(actions: Sequence[FaultAction], num_rollout: int) -> None:
+    """Refuse an action that can never fire: rollout ids run 0 .. `num_rollout` - 1 (a resume or
+    --debug-exit-after-rollout only narrows that), so `at_rollout` >= `num_rollout` is never reached.
+
+    Raises:
+        ValueError: naming `--ci-ft-test-actions`, the item, its at_rollout and --num-rollout.
+    """
+    for index, action in enumerate(actions):
+        if action.at_rollout >= num_rollout:
+            _fail(
+                f"item {index}: ",
+                f"field 'at_rollout' is {action.at_rollout} but --num-rollout {num_rollout} runs rollouts "
+                f"0..{num_rollout - 1}, so {action.action} would never fire",
+            )
+
+
 def sleep_forever_injected() -> NoReturn:
     """Block forever (`time.sleep(3600)` in a loop): the `sleep_forever_at_end` hang.
 

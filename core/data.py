@@ -66,7 +66,19 @@ def prompt_file(path: str | Path, flag: str = "--prompt-data") -> Path:
 
 
 def read_rows(path: str | Path, flag: str = "--prompt-data") -> list[dict[str, Any]]:
-    """Read all rows of a .jsonl or .parquet file (`prompt_file` checks it first).
+    """Read all rows of a .jsonl or .parquet file (`read_rows_and_lines` without the line numbers).
+
+    Raises:
+        FileNotFoundError / ValueError: as `read_rows_and_lines`.
+    """
+    return read_rows_and_lines(path, flag)[0]
+
+
+def read_rows_and_lines(
+    path: str | Path, flag: str = "--prompt-data"
+) -> tuple[list[dict[str, Any]], list[int] | None]:
+    """(rows, each row's 1-based line in the file) of a .jsonl file, (rows, None) of a .parquet file
+    (`prompt_file` checks the file first).
 
     A .jsonl file is UTF-8 (a leading byte-order mark is allowed) with one JSON object per line;
     blank lines are skipped. Line numbers in messages are the file's (1-based).
@@ -79,8 +91,8 @@ def read_rows(path: str | Path, flag: str = "--prompt-data") -> list[dict[str, A
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(p).to_pylist()
-    rows = []
+        return pq.read_table(p).to_pylist(), None
+    rows, lines = [], []
     with open(p, "rb") as f:
         for line_no, raw in enumerate(f, 1):
             text = _decode_line(raw, line_no, where=f"{flag}: {p} line {line_no}")
@@ -98,7 +110,8 @@ def read_rows(path: str | Path, flag: str = "--prompt-data") -> list[dict[str, A
                     f"{flag}: {p} line {line_no} is a {type(row).__name__}, expected a JSON object"
                 )
             rows.append(row)
-    return rows
+            lines.append(line_no)
+    return rows, lines
 
 
 def _decode_line(raw: bytes, line_no: int, *, where: str) -> str:
@@ -143,7 +156,7 @@ class PromptDataset:
         flag: str = "--prompt-data",
     ) -> None:
         self.path = Path(path)
-        self.rows = read_rows(path, flag)
+        self.rows, lines = read_rows_and_lines(path, flag)
         check_rows(
             self.rows,
             path,
@@ -151,6 +164,7 @@ class PromptDataset:
             label_key=label_key,
             apply_chat_template=apply_chat_template,
             flag=flag,
+            lines=lines,
         )
         if apply_chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("--apply-chat-template: the tokenizer of --hf-checkpoint has no chat template")
@@ -182,31 +196,35 @@ def check_rows(
     label_key: str,
     apply_chat_template: bool,
     flag: str = "--prompt-data",
+    lines: list[int] | None = None,
 ) -> None:
     """Check that every row has a non-null prompt and label, the prompt in a form the run can use.
 
+    `lines` are the rows' 1-based lines in a .jsonl file (`read_rows_and_lines`): messages name
+    "PATH line N", as the file's UTF-8 and JSON errors do; without them (a parquet file) "row I of
+    PATH", I 0-based.
+
     Raises:
-        ValueError: no rows; a row without `input_key`/`label_key` (names the key, the row and the
-            keys present) or with null; a list of chat messages without `apply_chat_template`; an
-            empty prompt. Rows are numbered from 0 (the dataset index, blank lines not counted).
+        ValueError: no rows; a row without `input_key`/`label_key` (names the key, the line or row and
+            the keys present) or with null; a list of chat messages without `apply_chat_template`; an
+            empty prompt.
     """
     if not rows:
         raise ValueError(f"{flag}: {path} holds no rows")
     for i, row in enumerate(rows):
+        where = f"{path} line {lines[i]}" if lines is not None else f"row {i} of {path}"
         for key_flag, key in (("--input-key", input_key), ("--label-key", label_key)):
             if key not in row:
-                raise ValueError(
-                    f"{key_flag} {key!r}: row {i} of {path} has no such field (fields: {sorted(row)})"
-                )
+                raise ValueError(f"{key_flag} {key!r}: {where} has no such field (fields: {sorted(row)})")
             if row[key] is None:
-                raise ValueError(f"{key_flag} {key!r}: row {i} of {path} is null")
+                raise ValueError(f"{key_flag} {key!r}: {where} is null")
         content = row[input_key]
         if isinstance(content, list) and not apply_chat_template:
             raise ValueError(
-                f"--input-key {input_key!r}: row {i} of {path} is a list of chat messages; pass --apply-chat-template"
+                f"--input-key {input_key!r}: {where} is a list of chat messages; pass --apply-chat-template"
             )
         if isinstance(content, str) and not content.strip():
-            raise ValueError(f"--input-key {input_key!r}: row {i} of {path} is an empty prompt")
+            raise ValueError(f"--input-key {input_key!r}: {where} is an empty prompt")
 
 
 def rollout_prompt_indices(

@@ -3,7 +3,9 @@
 A bad flag or input file should cost a second, not a model load, and leave no failed run folder
 under runs/. `check_inputs` checks, in this order: the device and checkpoint paths
 (`launch.check_on_this_machine`), the rollout engine kind, the model folder (config, tokenizer and
-whole weights, `model_files.check_model`), every prompt file (`--prompt-data` and each
+whole weights, `model_files.check_model`), `--rollout-max-response-len` against the model's
+`max_position_embeddings` (`check_response_length`), that every `--ci-ft-test-actions` item can
+fire (`faults.check_reachable`), every prompt file (`--prompt-data` and each
 `--eval-prompt-data NAME PATH`: readable, UTF-8 JSON lines or parquet, rows with the prompt and
 label keys) and the reward (`--custom-rm-path` imports and is callable, else `--rm-type` is
 registered). The config itself (ranges, finite numbers) was checked when it was built.
@@ -16,9 +18,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from grpolab.core.data import check_rows, prompt_file, read_rows
+from grpolab.checkers.faults import check_reachable, parse_fault_actions
+from grpolab.core.data import check_rows, prompt_file, read_rows_and_lines
 from grpolab.core.launch import check_on_this_machine
-from grpolab.core.model_files import check_model
+from grpolab.core.model_files import check_model, max_position_embeddings
 
 if TYPE_CHECKING:
     from grpolab.core.config import Config
@@ -37,15 +40,39 @@ def check_inputs(config: Config) -> None:
     check_on_this_machine(config)
     ENGINES.get(config.rollout.rollout_engine)  # an unknown kind lists the known ones
     check_model(config.model.hf_checkpoint)
+    check_response_length(config)
+    if config.ci.ci_ft_test_actions is not None:
+        check_reachable(parse_fault_actions(config.ci.ci_ft_test_actions), config.rollout.num_rollout)
     check_prompt_data(config)
     check_reward(config)
+
+
+def check_response_length(config: Config) -> None:
+    """`--rollout-max-response-len` leaves room for a prompt within the model's `max_position_embeddings`
+    (config.json; not known here for a .gguf file, which is then not checked).
+
+    Only the response is checked: a prompt's length in tokens needs the tokenizer (and the chat
+    template), which this check does not load. Without it a cap of 10^8 tokens got the process
+    OOM-killed (exit 137) and one of 2000 on a 512-position model ran without a word.
+
+    Raises:
+        ValueError: naming the flag, its value, the model's limit and config.json.
+    """
+    limit = max_position_embeddings(config.model.hf_checkpoint)
+    length = config.rollout.rollout_max_response_len
+    if limit is not None and length >= limit:
+        raise ValueError(
+            f"--rollout-max-response-len {length}: the response alone reaches the model's limit of {limit} "
+            f"tokens for prompt + response (max_position_embeddings in {config.model.hf_checkpoint}"
+            f"/config.json); use at most {limit - 1} minus the longest prompt's length"
+        )
 
 
 def check_prompt_data(config: Config) -> None:
     """Read and check `--prompt-data` and every `--eval-prompt-data` file (messages name their flag).
 
     Raises:
-        ValueError / FileNotFoundError: from `data.prompt_file`, `data.read_rows` or `data.check_rows`.
+        ValueError / FileNotFoundError: from `data.prompt_file`, `data.read_rows_and_lines` or `data.check_rows`.
     """
     data = config.data
     files = [("--prompt-data", data.prompt_data)]
@@ -54,13 +81,15 @@ def check_prompt_data(config: Config) -> None:
         assert path is not None  # DataConfig resolves the default file
         if prompt_file(path, flag).suffix == ".parquet":
             continue  # reading it needs pyarrow; the run reads and checks it when it builds the dataset
+        rows, lines = read_rows_and_lines(path, flag)
         check_rows(
-            read_rows(path, flag),
+            rows,
             path,
             input_key=data.input_key,
             label_key=data.label_key,
             apply_chat_template=bool(data.apply_chat_template),
             flag=flag,
+            lines=lines,
         )
 
 

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.checkers.faults import FaultAction, FaultInjector, InjectedFault, parse_fault_actions
+from grpolab.checkers.faults import (
+    FaultAction,
+    FaultInjector,
+    InjectedFault,
+    check_reachable,
+    parse_fault_actions,
+)
+from grpolab.cli import main
 
 
 def test_parse_good() -> None:
@@ -217,3 +224,31 @@ def test_the_fault_line_reaches_console_log_once_on_the_terminal(tmp_path: Path,
     assert proc.stderr.splitlines() == [line]
     assert proc.stdout == ""
     assert console.read_text().splitlines() == [line]  # written before os._exit
+
+
+def test_an_action_past_the_last_rollout_is_refused_at_start(tmp_path: Path, capsys) -> None:
+    """An at_rollout >= --num-rollout never fires: refused (exit 2) naming the item, before a run dir."""
+    actions = parse_fault_actions(
+        '[{"at_rollout": 1, "action": "raise_in_train"}, {"at_rollout": 2, "action": "stop_engine_at_end"}]'
+    )
+    check_reachable(actions, num_rollout=3)
+    with pytest.raises(
+        ValueError, match=r"item 1: field 'at_rollout' is 2 but --num-rollout 2 runs rollouts 0\.\.1"
+    ):
+        check_reachable(actions, num_rollout=2)
+    run_dir = tmp_path / "r"
+    with pytest.raises(SystemExit) as info:
+        main(
+            [
+                "train",
+                "--num-rollout",
+                "1",
+                "--ci-ft-test-actions",
+                '[{"at_rollout": 1, "action": "raise_in_train"}]',
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--ci-ft-test-actions: item 0: field 'at_rollout' is 1" in err
+    assert not run_dir.exists()

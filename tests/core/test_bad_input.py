@@ -131,13 +131,13 @@ def test_non_finite_training_stops_before_the_optimizer_step(tmp_path: Path, cap
 def test_prompt_rows_are_validated_up_front(tiny_model_dir: Path, tmp_path: Path) -> None:
     tok = load_tokenizer(tiny_model_dir)
     cases = [
-        ({"question": "1+1?", "answer": None}, False, "--label-key 'answer': row 1 of .* is null"),
+        ({"question": "1+1?", "answer": None}, False, "--label-key 'answer': .* line 2 is null"),
         (
             {"question": [{"role": "user", "content": "hi"}], "answer": "1"},
             False,
             "list of chat messages; pass --apply-chat-template",
         ),
-        ({"question": "   ", "answer": "1"}, True, "row 1 of .* is an empty prompt"),
+        ({"question": "   ", "answer": "1"}, True, "p.jsonl line 2 is an empty prompt"),
     ]
     for bad_row, chat, pattern in cases:
         path = tmp_path / "p.jsonl"
@@ -221,3 +221,21 @@ def test_the_cli_checks_this_machine_once(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(loop.GRPORun, "create", stop)
     assert main(["train", "--num-rollout", "1"]) == 1
     assert len(calls) == 1
+
+
+def test_a_response_cap_past_the_models_positions_is_refused_before_the_run_dir(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """F4: 10^8 got the process OOM-killed and 2000 ran silently on a 512-position model."""
+    limit = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
+    for length in (100_000_000, limit):
+        run_dir = tmp_path / f"r{length}"
+        with pytest.raises(SystemExit) as info:
+            main(["train", "--rollout-max-response-len", str(length), "--run-dir", str(run_dir)])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "Traceback" not in err
+        assert (
+            f"--rollout-max-response-len {length}: the response alone reaches the model's limit of {limit}"
+            in err
+        )
+        assert f"max_position_embeddings in {tiny_model_dir}/config.json" in err and not run_dir.exists()

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from grpolab.core.data import prompt_file, read_rows, rollout_prompt_indices
+from grpolab.core.data import check_rows, prompt_file, read_rows, read_rows_and_lines, rollout_prompt_indices
 
 
 def test_rollouts_walk_epochs_without_repeats() -> None:
@@ -95,3 +95,25 @@ def test_a_malformed_json_line_gives_one_line_number(tmp_path) -> None:
         "double quotes); expected one JSON object per line"
     )
     assert "line 2" not in message  # json's own position counted the line's newline as a second line
+
+
+def test_row_errors_name_the_file_line_counting_blank_lines(tmp_path) -> None:
+    """F5: a missing or null field is named by its line in the file (blank lines counted), as the
+    UTF-8/JSON errors are; a parquet file has no lines, so its rows are numbered from 0."""
+    path = tmp_path / "p.jsonl"
+    good = json.dumps({"question": "1+1?", "answer": "2"})
+    path.write_text(good + "\n\n" + good + "\n" + json.dumps({"question": "3+3?"}) + "\n")
+    rows, lines = read_rows_and_lines(path)
+    assert lines == [1, 3, 4]
+    with pytest.raises(ValueError, match=rf"--label-key 'answer': {path} line 4 has no such field"):
+        check_rows(
+            rows, path, input_key="question", label_key="answer", apply_chat_template=False, lines=lines
+        )
+    path.write_text(good + "\n\n\n" + json.dumps({"question": None, "answer": "4"}) + "\n")
+    rows, lines = read_rows_and_lines(path)
+    with pytest.raises(ValueError, match=rf"--input-key 'question': {path} line 4 is null"):
+        check_rows(
+            rows, path, input_key="question", label_key="answer", apply_chat_template=False, lines=lines
+        )
+    with pytest.raises(ValueError, match=rf"--input-key 'question': row 1 of {path} is null"):
+        check_rows(rows, path, input_key="question", label_key="answer", apply_chat_template=False)
