@@ -84,6 +84,7 @@ class Batcher:
         self._lock: asyncio.Lock | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self._held = False  # resume() after a pause: the queued requests were gathered while held
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -168,8 +169,9 @@ class Batcher:
             pass
 
     def resume(self) -> None:
-        """Allow batches again (queued requests run next)."""
+        """Allow batches again: queued requests run next, at once (no gather window: they were held)."""
         self.paused = False
+        self._held = bool(self._queue)
         if self._wake is not None:
             self._wake.set()
 
@@ -198,7 +200,9 @@ class Batcher:
             self._wake.clear()
             if not self._queue or self.paused:
                 continue
-            await asyncio.sleep(self.batch_wait_s)  # let requests sent together arrive
+            if not self._held:
+                await asyncio.sleep(self.batch_wait_s)  # let requests sent together arrive
+            self._held = False
             async with self._lock:
                 if self.paused or not self._queue:
                     continue

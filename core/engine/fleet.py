@@ -39,11 +39,6 @@ STARTUP_TIMEOUT_S = 180.0
 which is why an already running fleet can be used with --sglang-router-ip instead)."""
 STOP_GRACE_S = 10.0
 """Seconds between SIGTERM and SIGKILL at teardown (the router's graceful shutdown takes ~2 s)."""
-BATCH_WAIT_MS = 200.0
-"""`--batch-wait-ms` of the engines grpolab launches: one request per sample arrives spread over a few
-ms (tens on a busy 2-core machine), and a wider gather window puts a rollout's requests into one decode,
-as the in-process engine does, which keeps log-probs bitwise equal to it (grpolab's choice; 0.2 s is
-~3% of a tiny-model rollout on CPU)."""
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -187,7 +182,8 @@ class Fleet:
         port = router_port if router_port is not None else free_port()
         check_port_free("127.0.0.1", port, "--sglang-router-port")
         serve = [sys.executable, "-m", "grpolab", "serve", "--hf-checkpoint", str(checkpoint), "--port", "0"]
-        serve += ["--device", device, "--dtype", dtype, "--batch-wait-ms", f"{BATCH_WAIT_MS:g}"]
+        serve += ["--device", device, "--dtype", dtype]  # the default 10 ms gather: the HTTP engine holds
+        # a rollout's requests (pause in_place) until all arrived, so no wider window is needed
         engines = [
             _spawn(f"engine {i}", serve, Path(run_dir) / "engines" / f"{i}.log") for i in range(num_engines)
         ]

