@@ -167,9 +167,10 @@ class HttpEngine:
             while pending:
                 done, pending = wait(pending, timeout=WATCH_INTERVAL_S, return_when=FIRST_EXCEPTION)
                 for f in done:
-                    if f.exception() is not None:
-                        self._check_processes(grace_s=EXIT_GRACE_S)  # a dead engine first
-                        raise f.exception()
+                    if (error := f.exception()) is not None:
+                        if isinstance(error, HttpCallError):  # nothing answered: a dead engine first
+                            self._check_processes(grace_s=EXIT_GRACE_S)
+                        raise error
                 self._check_processes()
             return [f.result() for f in futures]
         finally:
