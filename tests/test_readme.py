@@ -11,15 +11,22 @@ item 22), checked the fastest honest way, without running them:
   `--ci-inject-rollout-data-path` / `grpolab replay inspect` must be one that an earlier command
   saves with `--save-debug-rollout-data`).
 
-The other positional paths (`runs/my-run`, `runs/candidate`, `miles_seed3.log`, ...) name the
-reader's own runs and logs, and are not checked. Text in `[...]` is optional syntax and `...` an
-elision: both are dropped before parsing. What the commands do when run is what the rest of the
+- the paths a command reads as arguments (`grpolab gate LOG --baseline ...`, `diagnose log FILE`,
+  `replay convert IN.pt`, `ui ROOT`, ...: `_READ_ARGS` names them for every subcommand, and a
+  subcommand the table lacks fails the test) ship with the repository or are made before it: a run
+  directory of an earlier `grpolab train` (`--run-dir`, or `runs/` for its default) or a file in it,
+  a recording, or an earlier `replay convert`'s output.
+
+Commands that need the reader's own machines (a running SGLang fleet at an IP) are in ```sh blocks:
+they are parsed and validated like the others, and not checked for files. Text in `[...]` is
+optional syntax and `...` an elision: both are dropped before parsing. What the commands do when run is what the rest of the
 test suite checks (the train example's shape with the tiny model: tests/core; record and replay:
 tests/replay).
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -36,15 +43,16 @@ _READS = ("--hf-checkpoint", "--prompt-data")
 _TEMPLATE_READERS = ("--load-debug-rollout-data", "--ci-inject-rollout-data-path")
 
 
-def readme_commands(text: str) -> list[list[str]]:
-    """The argv (after `grpolab`) of every `grpolab` command in the text's ```bash blocks, in order:
+def readme_commands(text: str, lang: str = "bash") -> list[list[str]]:
+    """The argv (after `grpolab`) of every `grpolab` command in the text's ```<lang> blocks, in order:
     continuation lines joined, comments, `[...]` optional parts and `...` dropped, `&&` chains split.
+    `lang` "bash": commands that run on a fresh clone; "sh": ones that need the reader's machines.
 
     Raises:
         ValueError: a block ends inside a quoted argument.
     """
     found = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+    for block in re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S):
         pending = ""  # a quoted argument may span lines (a JSON body): read on until it closes
         for line in block.replace("\\\n", " ").splitlines():
             pending += line + "\n"
@@ -79,6 +87,41 @@ def _made_by(template: str, path: str) -> bool:
 
 
 COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
+YOUR_MACHINES = readme_commands(README.read_text(encoding="utf-8"), "sh")
+
+_READ_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("ui",): ("roots",),
+    ("replay", "inspect"): ("file",),
+    ("replay", "convert"): ("input",),
+    ("replay", "logprobs"): ("run_dir",),
+    ("gate",): ("target", "baseline"),
+    ("check", "template"): ("messages",),
+    ("diagnose", "hang"): ("run_dir",),
+    ("diagnose", "log"): ("files",),
+    ("diagnose", "gpu"): (),
+    ("watchdog",): ("target",),
+    ("serve",): (),
+}
+"""The argparse dests each subcommand reads paths from (`--hf-checkpoint`: `_READS`, for all)."""
+
+
+def _subcommand(args: argparse.Namespace) -> tuple[str, ...]:
+    """("replay", "convert"), ("gate",), ...: the command and its own subcommand, if it has one."""
+    subs = [
+        getattr(args, d, None) for d in ("replay_command", "diagnose_command", "check_kind", "hash_command")
+    ]
+    return (args.command, *[s for s in subs if s][:1])
+
+
+def _read_paths(argv: list[str]) -> list[str]:
+    """The paths a non-train command reads (see `_READ_ARGS`).
+
+    Raises:
+        KeyError: a subcommand `_READ_ARGS` does not list (add it there).
+    """
+    args = build_parser().parse_args(argv)
+    values = [getattr(args, dest) for dest in _READ_ARGS[_subcommand(args)]]
+    return [v for value in values if value for v in (value if isinstance(value, list) else [value])]
 
 
 def test_the_readme_has_the_commands_it_documents() -> None:
@@ -89,7 +132,9 @@ def test_the_readme_has_the_commands_it_documents() -> None:
     assert len(COMMANDS) >= 15
 
 
-@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(a)[:60] for a in COMMANDS])
+@pytest.mark.parametrize(
+    "argv", COMMANDS + YOUR_MACHINES, ids=[" ".join(a)[:60] for a in COMMANDS + YOUR_MACHINES]
+)
 def test_each_readme_command_parses(argv: list[str]) -> None:
     try:
         args = build_parser().parse_args(argv)
@@ -102,9 +147,15 @@ def test_each_readme_command_parses(argv: list[str]) -> None:
 def test_files_the_commands_read_ship_with_the_repo_or_come_first() -> None:
     """`--hf-checkpoint` / `--prompt-data` lie inside the repository and exist; a recording a command
     reads is one an earlier command records."""
+    assert file_problems(COMMANDS) == []
+
+
+def file_problems(commands: list[list[str]]) -> list[str]:
+    """What the commands read that neither ships with the repository nor is made by a command before."""
     saved: list[str] = []
+    made: set[Path] = set()  # run directories and converted recordings, relative to the repository
     problems = []
-    for argv in COMMANDS:
+    for argv in commands:
         shown = "grpolab " + " ".join(argv)
         for flag in _READS:
             value = _flag(argv, flag)
@@ -115,12 +166,34 @@ def test_files_the_commands_read_ship_with_the_repo_or_come_first() -> None:
             value = _flag(argv, flag)
             if value is not None and value not in saved:
                 problems.append(f"{shown}: {flag} {value} is recorded by no README command before it")
-        if argv[:2] == ["replay", "inspect"] and not any(_made_by(t, argv[2]) for t in saved):
-            problems.append(f"{shown}: {argv[2]} is recorded by no README command before it")
+        if argv[0] != "train":
+            for value in _read_paths(argv):
+                if not _exists_or_made(value, made, saved):
+                    problems.append(
+                        f"{shown}: {value} is not in a fresh clone nor made by a command before it"
+                    )
+        if argv[0] == "train":  # its run directory; without --run-dir one under runs/ whose name is a time
+            made.add(Path(_flag(argv, "--run-dir") or "runs/<time>"))
+        if argv[:2] == ["replay", "convert"]:
+            made.add(Path(argv[3]))
         template = _flag(argv, "--save-debug-rollout-data")
         if template is not None:
             saved.append(template)
-    assert problems == []
+    return problems
+
+
+def _exists_or_made(value: str, made: set[Path], saved: list[str]) -> bool:
+    """Whether `value` ships inside the repository, is (in) something made before, or is a recording."""
+    path = (REPO / value).resolve()
+    if REPO in path.parents and path.exists():
+        return True
+    rel = Path(value)
+    made_paths = {m for m in made if "<" not in str(m)}
+    return (
+        any(rel in m.parents for m in made)
+        or any(rel == m or m in rel.parents for m in made_paths)
+        or any(_made_by(t, value) for t in saved)
+    )
 
 
 def test_the_checks_catch_what_a_fresh_clone_lacks() -> None:
@@ -141,3 +214,39 @@ def test_the_checks_catch_what_a_fresh_clone_lacks() -> None:
     assert not _made_by("runs/rec/r_{rollout_id}.grz", "runs/other/r_0.grz")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--no-such-flag"])
+
+
+def test_the_checks_catch_the_commands_a_tester_could_not_run() -> None:
+    """The README's old examples that failed on a fresh clone (issue 15 fix F7): each reads a file
+    or run directory that neither ships nor is made before; a train command makes its run directory
+    (and `runs/`), a convert its output; a command needing the reader's fleet goes in an sh block."""
+    old = [
+        ["replay", "convert", "miles_rollout_0.pt", "r_0.grz"],
+        ["gate", "runs/candidate", "--baseline", "runs/seed1", "runs/seed2", "miles_seed3.log"],
+        ["diagnose", "log", "console.log", "miles.log"],
+        ["ui", "runs/", "../miles-lab/runs/plain.log"],
+    ]
+    problems = file_problems(old)
+    for path in ["miles_rollout_0.pt", "runs/candidate", "runs/seed1", "runs/seed2", "miles_seed3.log"]:
+        assert any(f" {path} is not in a fresh clone nor made by a command before it" in p for p in problems)
+    for path in ["console.log", "miles.log", "runs/", "../miles-lab/runs/plain.log"]:
+        assert any(
+            p.endswith(f": {path} is not in a fresh clone nor made by a command before it") for p in problems
+        )
+    assert len(problems) == 9
+    made_first = [
+        ["train", "--run-dir", "runs/my-run"],
+        ["replay", "convert", "fixtures/miles/miles_rollout_0.pt", "runs/m.grz"],
+        ["ui", "runs/", "fixtures/logs/miles_plain.log"],
+        ["diagnose", "log", "runs/my-run/console.log", "runs/m.grz"],
+        ["gate", "runs/my-run", "--baseline", "fixtures/logs/gate_seed1.log"],
+    ]
+    assert file_problems(made_first) == []
+    assert file_problems(made_first[2:]) != []  # nothing made them
+    with pytest.raises(KeyError):
+        _read_paths(["hash", "diff", "a", "b"])  # a subcommand the table lacks fails, not passes
+    text = "```bash\ngrpolab train\n```\n```sh\ngrpolab train --sglang-router-ip 10.0.0.5\n```\n"
+    assert readme_commands(text) == [["train"]]
+    assert readme_commands(text, "sh") == [["train", "--sglang-router-ip", "10.0.0.5"]]
+    assert ["train", "--sglang-router-ip", "10.0.0.5", "--sglang-router-port", "30000"] in YOUR_MACHINES
+    assert not any("--sglang-router-ip" in argv for argv in COMMANDS)
