@@ -6,6 +6,12 @@ run there is alive. run.json keeps the first start's top-level fields and lists 
 "starts"; the earlier start's rank files are removed (every rank of this start writes its own).
 Which metric records the new start replaces is the `resume` marker's job (`RunDirectory.resumed`,
 read by `reader.read_metrics_file`).
+
+A directory whose every start ended `failed` before logging a metric (bad input found after the
+directory was made: a checkpoint of other data, missing recordings...) holds no run yet: any next
+start reuses it, with any config (`failed_before_first_rollout`, `restart_failed_run`). run.json's
+top-level fields become the new start's, "starts" keeps the failed ones, and events.jsonl and
+console.log go on, so the earlier failure stays on record above the new start's events.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from grpolab.core.atomic import atomic_write_json
-from grpolab.rundir.reader import RUN_JSON, RunDirError, read_run_meta
+from grpolab.rundir.reader import METRICS_FILE, RUN_JSON, RunDirError, read_events, read_run_meta
 from grpolab.rundir.status import HEARTBEAT_TIMEOUT_S, RANKS_DIR, final_status_event, read_ranks
 
 CONTINUE_MAY_CHANGE: frozenset[tuple[str, str]] = frozenset(
@@ -61,6 +67,50 @@ def continue_run(path: Path, config: dict[str, Any], start: dict[str, Any]) -> l
     starts = [*earlier, start]
     raw["starts"] = starts
     atomic_write_json(path / RUN_JSON, raw)
+    for rank_file in (path / RANKS_DIR).glob("*.json"):
+        rank_file.unlink(missing_ok=True)
+    return starts
+
+
+def failed_before_first_rollout(path: Path) -> bool:
+    """Whether the run directory `path` holds only starts that failed before their first rollout.
+
+    True when run.json reads, events.jsonl ends with a `failed` status event, every `status` event
+    in it is `failed`, and metrics.jsonl has no record (missing, or blank lines only). A run that
+    was interrupted, finished, is running or was killed (no final status) is never reused.
+    """
+    if (final_status_event(path) or {}).get("status") != "failed":
+        return False
+    try:
+        read_run_meta(path)
+        events = read_events(path)
+        metrics = (path / METRICS_FILE).read_bytes() if (path / METRICS_FILE).exists() else b""
+    except (RunDirError, OSError):
+        return False
+    if metrics.strip():
+        return False
+    return all(e.get("status") == "failed" for e in events if e.get("event") == "status")
+
+
+def restart_failed_run(path: Path, body: dict[str, Any], start: dict[str, Any]) -> list[dict[str, Any]]:
+    """Write run.json for a new start in `path`, which `failed_before_first_rollout` said holds none.
+
+    Args:
+        path: the run directory; body: run.json's top-level fields of this start (config, argv, seed...).
+        start: what run.json records of this start in "starts".
+
+    Returns:
+        Every start of the directory, the failed ones first and this one last.
+
+    Raises:
+        RunDirError: run.json cannot be read (`failed_before_first_rollout` read it just before).
+    """
+    raw = read_run_meta(path).raw
+    earlier = raw.get("starts")
+    if not isinstance(earlier, list):
+        earlier = [{"argv": raw.get("argv"), "start_time": raw.get("start_time"), "pid": None}]
+    starts = [*earlier, start]
+    atomic_write_json(path / RUN_JSON, {**body, "starts": starts})
     for rank_file in (path / RANKS_DIR).glob("*.json"):
         rank_file.unlink(missing_ok=True)
     return starts

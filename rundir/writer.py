@@ -28,7 +28,7 @@ import torch
 
 import grpolab
 from grpolab.core.atomic import atomic_write_json
-from grpolab.rundir.continuation import continue_run
+from grpolab.rundir.continuation import continue_run, failed_before_first_rollout, restart_failed_run
 from grpolab.rundir.reader import (
     CONSOLE_LOG,
     EVENTS_FILE,
@@ -130,6 +130,9 @@ class RunDirectory:
         `continuing` (a `--load` start) continues a directory that holds the same run instead of
         refusing it (`continuation.continue_run`). run.json's top-level argv, start_time and
         environment are the first start's; "starts" lists every start (argv, start_time, pid, `extra`).
+        A directory whose every start failed before its first rollout is reused by any start
+        (`continuation.restart_failed_run`: run.json's top level becomes this start's; the
+        `run_start` event says how many failed starts came before, `failed_starts_before`).
 
         Raises:
             FileExistsError: the directory holds a run and this start may not continue it (the
@@ -137,33 +140,34 @@ class RunDirectory:
         """
         run = cls(path, rank=rank, mirror_events_to=mirror_events_to)
         start = {"argv": argv, "start_time": time.time(), "pid": os.getpid(), **(extra or {})}
+        body = {"name": run.path.name, "config": config, "argv": argv, "seed": seed}
+        body.update(start_time=start["start_time"], environment=environment_fingerprint(), **(extra or {}))
+        failed_starts = 0
         if (run.path / RUN_JSON).exists():
-            if not continuing:
+            if failed_before_first_rollout(run.path):
+                starts = restart_failed_run(run.path, body, start)
+                failed_starts = len(starts) - 1
+            elif not continuing:
                 raise FileExistsError(
                     f"--run-dir: {run.path} already holds a run (run.json exists); choose another --run-dir "
                     "(to continue that run after a crash, give its own flags and --load its --save directory)"
                 )
-            starts = continue_run(run.path, config, start)
-            run.continued = True
+            else:
+                starts = continue_run(run.path, config, start)
+                run.continued = True
         else:
             starts = [start]
             run.path.mkdir(parents=True, exist_ok=True)
             (run.path / RANKS_DIR).mkdir(exist_ok=True)
-            atomic_write_json(
-                run.path / RUN_JSON,
-                {
-                    "name": run.path.name,
-                    "config": config,
-                    "argv": argv,
-                    "seed": seed,
-                    "start_time": start["start_time"],
-                    "environment": environment_fingerprint(),
-                    **(extra or {}),
-                    "starts": starts,
-                },
-            )
+            atomic_write_json(run.path / RUN_JSON, {**body, "starts": starts})
         run.attach_console_log()
-        run.event("run_start", pid=os.getpid(), start=len(starts), continued=run.continued)
+        if failed_starts:
+            logging.getLogger(LOGGER_NAME).info(
+                f"--run-dir {run.path}: reusing it, its earlier start(s) failed before the first rollout "
+                f"({failed_starts}; their events stay in {EVENTS_FILE})"
+            )
+        fields = {"failed_starts_before": failed_starts} if failed_starts else {}
+        run.event("run_start", pid=os.getpid(), start=len(starts), continued=run.continued, **fields)
         return run
 
     # ------------------------------------------------------------------ files

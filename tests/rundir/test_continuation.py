@@ -5,6 +5,7 @@ tests/core/test_checkpoint_resume.py."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -16,7 +17,12 @@ import pytest
 
 from grpolab.core.config import Config
 from grpolab.rundir import reader
-from grpolab.rundir.continuation import config_differences, continue_run, running_ranks
+from grpolab.rundir.continuation import (
+    config_differences,
+    continue_run,
+    failed_before_first_rollout,
+    running_ranks,
+)
 
 
 def write_lines(path: Path, rows: list[dict]) -> None:
@@ -155,3 +161,57 @@ def test_config_differences_name_flags_and_fields_only_one_side_has() -> None:
         "optimizer.retired_field 1 there, (absent) here",
         f"--num-rollout {default} there, 99 here",
     ]
+
+
+def test_a_run_dir_whose_starts_failed_before_the_first_rollout_is_reused(tmp_path: Path, caplog) -> None:
+    """Bad input found after the directory was made (a checkpoint of other data, missing recordings)
+    must not block the corrected command: any next start reuses it, with another config too."""
+    from grpolab.rundir.writer import RunDirectory
+
+    first, second = Config(), Config()
+    second.run.seed, second.rollout.num_rollout = 7, 2
+    path = tmp_path / "run"
+    for attempt in range(2):  # two failed starts, then a good one
+        run = RunDirectory.create(
+            path, config=first.to_dict(), argv=["grpolab", "train", str(attempt)], seed=1
+        )
+        run.heartbeat("error", None, error="FileNotFoundError: recordings missing")
+        run.finish("failed", error="FileNotFoundError: recordings missing")
+    with caplog.at_level(logging.INFO, logger="grpolab"):
+        run = RunDirectory.create(path, config=second.to_dict(), argv=["grpolab", "train", "ok"], seed=7)
+    meta = reader.read_run_meta(path)
+    assert meta.config is not None and meta.config.run.seed == 7 and meta.seed == 7
+    assert [s["argv"][-1] for s in meta.raw["starts"]] == ["0", "1", "ok"] and meta.argv[-1] == "ok"
+    assert not run.continued and list((path / "ranks").iterdir()) == []  # the failed start's rank file
+    kinds = [(e["event"], e.get("status"), e.get("failed_starts_before")) for e in reader.read_events(path)]
+    assert kinds == [
+        ("run_start", None, None),
+        ("status", "failed", None),
+        ("run_start", None, 1),
+        ("status", "failed", None),
+        ("run_start", None, 2),
+    ]
+    assert "reusing it, its earlier start(s) failed before the first rollout" in caplog.text
+    run.heartbeat("rollout", 0)
+    assert reader.run_status(path) == "running"  # the new start's, not the earlier failure
+    run.finish("finished")
+    assert reader.run_status(path) == "finished"
+
+
+@pytest.mark.parametrize("ended", ["metrics", "interrupted", "finished", "killed"])
+def test_a_run_dir_with_anything_but_failures_before_a_rollout_is_not_reused(
+    tmp_path: Path, ended: str
+) -> None:
+    from grpolab.rundir.writer import RunDirectory
+
+    path = tmp_path / "run"
+    run = RunDirectory.create(path, config=Config().to_dict(), argv=["grpolab", "train"], seed=1)
+    if ended == "metrics":
+        run.log_metrics("rollout", 0, {"x": 1.0})
+    if ended != "killed":
+        run.finish("failed" if ended == "metrics" else ended)
+    assert not failed_before_first_rollout(path)
+    before = (path / "events.jsonl").read_text()
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        RunDirectory.create(path, config=Config().to_dict(), argv=["grpolab", "train"], seed=1)
+    assert (path / "events.jsonl").read_text() == before
