@@ -11,6 +11,7 @@ the next save or load of the same directory (`remove_stale_temps`), which logs w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -29,11 +30,11 @@ from safetensors.torch import load_file, save_file
 
 from grpolab.core.actor import Actor
 from grpolab.core.atomic import atomic_write_bytes
-from grpolab.core.data_identity import DataIdentity, identity_differences
+from grpolab.core.data_identity import DataIdentity, identity_differences, unrecorded_fields
 from grpolab.core.dist import barrier
+from grpolab.core.launch import LATEST_FILE
 from grpolab.core.model_files import compare_model_fingerprints, config_only_warning
 
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 log = logging.getLogger("grpolab")
 TEMP_NAME = re.compile(r"^\.iter_\d+\.(?:(?P<pid>\d+)@(?P<host>.+)\.[0-9a-f]{8}|[A-Za-z0-9_]+)$")
 """A save's temporary folder: `.iter_<N>.<pid>@<host>.<8 hex>`, or `.iter_<N>.<random>` as
@@ -236,7 +237,7 @@ def load_checkpoint(
 def _load_checkpoint(
     path: Path, actor: Actor, *, model_fingerprint: str, data: DataIdentity, allow_data_change: bool
 ) -> TrainerState:
-    state = TrainerState(**json.loads((path / "trainer_state.json").read_text()))
+    state = read_trainer_state(path)
     match = compare_model_fingerprints(state.model_fingerprint, model_fingerprint)
     if match == "config-only":
         log.warning(config_only_warning(f"--load: {path}"))
@@ -273,6 +274,32 @@ def _load_checkpoint(
     return state
 
 
+def read_trainer_state(path: Path) -> TrainerState:
+    """The counters in `path/trainer_state.json`.
+
+    Raises:
+        CheckpointError: the file is unreadable, not JSON, not an object, or lacks or adds fields
+            (the message names the file and what is wrong).
+    """
+    file = path / "trainer_state.json"
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise CheckpointError(f"--load: {file} is unreadable ({e.strerror or e})") from None
+    except ValueError as e:
+        raise CheckpointError(f"--load: {file} is not valid JSON ({e}); edited or half-written?") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"--load: {file} should hold a JSON object, found {type(raw).__name__}")
+    fields = set(TrainerState.__dataclass_fields__)
+    required = {n for n, f in TrainerState.__dataclass_fields__.items() if f.default is dataclasses.MISSING}
+    missing, unknown = sorted(required - set(raw)), sorted(set(raw) - fields)
+    if missing or unknown:
+        what = [f"missing {', '.join(missing)}"] if missing else []
+        what += [f"unknown fields {', '.join(unknown)}"] if unknown else []
+        raise CheckpointError(f"--load: {file} does not hold a checkpoint's counters ({'; '.join(what)})")
+    return TrainerState(**raw)
+
+
 def check_data(path: Path, state: TrainerState, data: DataIdentity, *, allow_change: bool) -> None:
     """Compare the data identity stored in a checkpoint with this run's.
 
@@ -291,6 +318,12 @@ def check_data(path: Path, state: TrainerState, data: DataIdentity, *, allow_cha
             "cannot be checked"
         )
         return
+    unrecorded = unrecorded_fields(saved)
+    if unrecorded:
+        log.warning(
+            f"warning: --load: {path} does not record {', '.join(unrecorded)} (saved by an older grpolab), "
+            "so whether this run renders the prompts as the run that saved it cannot be checked"
+        )
     differences = identity_differences(saved, data)
     if not differences:
         if saved.get("prompt_data") != data.prompt_data:

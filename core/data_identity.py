@@ -2,8 +2,10 @@
 
 Rollout n reads the rows `data.rollout_prompt_indices(num_rows, n, B, seed, shuffle)` of the prompt
 file, so the order depends on the file's rows, `--rollout-batch-size`, `--seed` and
-`--rollout-shuffle`. A checkpoint resumed with any of these changed skips or repeats rows; this
-module says what changed. The file is identified by its content (size, row count, SHA-256), not its
+`--rollout-shuffle`; what the model sees of a row depends on `--input-key`, `--label-key` and
+`--apply-chat-template` (whose default follows whether `--prompt-data` is given, so a resume with a
+copy of the data at another path silently drops the template). A checkpoint resumed with any of
+these changed skips, repeats or rewrites prompts; this module says what changed. The file is identified by its content (size, row count, SHA-256), not its
 path: the same file at another path reads the same rows, so a moved file alone is no mismatch.
 """
 
@@ -27,6 +29,7 @@ class DataIdentity:
         file_bytes: the file's size in bytes; num_rows: rows read from it.
         sha256: hex SHA-256 of the file's bytes.
         rollout_batch_size / seed / rollout_shuffle: the flags of the same names.
+        input_key / label_key / apply_chat_template: the flags of the same names (resolved).
     """
 
     prompt_data: str
@@ -36,6 +39,9 @@ class DataIdentity:
     rollout_batch_size: int
     seed: int
     rollout_shuffle: bool
+    input_key: str
+    label_key: str
+    apply_chat_template: bool
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored as `trainer_state.json`'s "data_identity"."""
@@ -51,6 +57,13 @@ ORDER_FIELDS: dict[str, str] = {
     "rollout_shuffle": "--rollout-shuffle",
 }
 """The fields that change the prompt order, with the name a message gives each."""
+PROMPT_FIELDS: dict[str, str] = {
+    "input_key": "--input-key",
+    "label_key": "--label-key",
+    "apply_chat_template": "--apply-chat-template",
+}
+"""The fields that change what a row's prompt and label are; checkpoints saved before they were
+stored lack them (`unrecorded_fields`: a warning, not a refusal)."""
 
 
 def file_sha256(path: str | Path) -> str:
@@ -67,7 +80,15 @@ def file_sha256(path: str | Path) -> str:
 
 
 def data_identity(
-    prompt_data: str | Path, *, num_rows: int, rollout_batch_size: int, seed: int, shuffle: bool
+    prompt_data: str | Path,
+    *,
+    num_rows: int,
+    rollout_batch_size: int,
+    seed: int,
+    shuffle: bool,
+    input_key: str,
+    label_key: str,
+    apply_chat_template: bool,
 ) -> DataIdentity:
     """The identity of the prompt stream of a run reading `num_rows` rows of `prompt_data`.
 
@@ -83,6 +104,9 @@ def data_identity(
         rollout_batch_size=rollout_batch_size,
         seed=seed,
         rollout_shuffle=shuffle,
+        input_key=input_key,
+        label_key=label_key,
+        apply_chat_template=bool(apply_chat_template),
     )
 
 
@@ -90,13 +114,15 @@ def identity_differences(saved: dict[str, Any], current: DataIdentity) -> list[s
     """What differs between a checkpoint's stored identity and this run's, one phrase per field
     (`--seed: 1234 in the checkpoint, 7 now`); [] when the prompt order is the same.
 
-    Only `ORDER_FIELDS` count; when one of them differs and the path differs too, the path is
-    named first. A field missing from `saved` (an edited file) counts as different.
+    `ORDER_FIELDS` and `PROMPT_FIELDS` count; when one of them differs and the path differs too,
+    the path is named first. An `ORDER_FIELDS` field missing from `saved` (an edited file) counts
+    as different; a missing `PROMPT_FIELDS` one does not (`unrecorded_fields` names it).
     """
     now = current.to_dict()
+    recorded = {**ORDER_FIELDS, **{k: v for k, v in PROMPT_FIELDS.items() if k in saved}}
     out = [
         f"{name}: {_show(saved.get(key, '(not recorded)'))} in the checkpoint, {_show(now[key])} now"
-        for key, name in ORDER_FIELDS.items()
+        for key, name in recorded.items()
         if saved.get(key) != now[key]
     ]
     if out and saved.get("prompt_data") != current.prompt_data:
@@ -104,6 +130,11 @@ def identity_differences(saved: dict[str, Any], current: DataIdentity) -> list[s
             0, f"--prompt-data: {saved.get('prompt_data')} in the checkpoint, {current.prompt_data} now"
         )
     return out
+
+
+def unrecorded_fields(saved: dict[str, Any]) -> list[str]:
+    """The flags of `PROMPT_FIELDS` that a stored identity lacks (saved by an older grpolab)."""
+    return [flag for key, flag in PROMPT_FIELDS.items() if key not in saved]
 
 
 def _show(value: Any) -> str:

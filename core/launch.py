@@ -8,6 +8,8 @@ facts about this machine, not about the run, and a GPU run's run.json must read 
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -28,17 +30,22 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+"""The file in a `--save` directory naming its newest checkpoint (written by `checkpoint.save_checkpoint`;
+here so that the checks before the run need not import the trainer)."""
+
+
 def check_on_this_machine(config: Config) -> None:
-    """Check what the config names on this machine: the `--device`, `--run-dir` and the checkpoint paths.
+    """Check what the config names on this machine: the `--device`, every output path and `--load`.
 
     These are facts about the machine, not about the run, so `Config` does not check them: a GPU
     run's run.json, or one whose `--load` directory lives on another host, must read back here.
     Imports torch only for a CUDA device.
 
     Raises:
-        ValueError: a CUDA `--device` on a torch build or machine without CUDA; `--run-dir` or
-            `--save` naming a file or a path under one; `--load` naming no directory (each message
-            names the flag).
+        ValueError: a CUDA `--device` on a torch build or machine without CUDA; an output path
+            that cannot be a directory (`check_output_paths`); `--save` holding another run's
+            checkpoints; `--load` naming a file or nothing (each message names the flag).
     """
     device = config.model.device
     if device.startswith("cuda"):
@@ -46,37 +53,115 @@ def check_on_this_machine(config: Config) -> None:
 
         if not torch.cuda.is_available():
             raise ValueError(f"--device {device}: this torch build or machine has no CUDA device")
-    if config.run.run_dir is not None:
-        _check_can_hold_directory(Path(config.run.run_dir), "--run-dir", "")
+    check_output_paths(config)
     save, load = config.checkpoint.save, config.checkpoint.load
-    if save is not None:
-        _check_can_hold_directory(Path(save), "--save", " for checkpoints")
+    continuing = load is not None and save is not None and Path(load).resolve() == Path(save).resolve()
+    if save is not None and not continuing and (Path(save) / LATEST_FILE).exists():
+        raise ValueError(
+            f"--save {save} already holds another run's checkpoints; pass --load {save} to continue that run "
+            "or choose another --save (they would be overwritten)"
+        )
     if load is not None and not Path(load).is_dir():
+        if Path(load).exists():
+            raise ValueError(
+                f"--load {load}: is a file; expected a checkpoint directory (the --save directory of a run, "
+                "or one of its iter_* folders)"
+            )
         raise ValueError(
             f"--load {load}: no such directory (give the --save directory of a run; "
             "an existing empty directory starts fresh)"
         )
 
 
-def _check_can_hold_directory(path: Path, flag: str, purpose: str) -> None:
+def output_directories(config: Config) -> list[tuple[str, str, Path, str]]:
+    """(flag, its value, directory, purpose) of every directory the run writes into.
+
+    `--run-dir`, `--save` and `--save-debug-event-data` are directories; for a path template
+    (`--save-debug-rollout-data`, `--ci-save-grad-norm`) it is the template's folder up to its
+    first `{placeholder}` (a folder named by a placeholder is made per file, inside that one).
+    """
+    run, debug, ci = config.run, config.debug, config.ci
+    out = []
+    for flag, path, purpose in (
+        ("--run-dir", run.run_dir, ""),
+        ("--save", config.checkpoint.save, " for checkpoints"),
+        ("--save-debug-event-data", debug.save_debug_event_data, " for events.jsonl"),
+    ):
+        if path is not None:
+            out.append((flag, str(path), Path(path), purpose))
+    for flag, template in (
+        ("--save-debug-rollout-data", debug.save_debug_rollout_data),
+        ("--ci-save-grad-norm", ci.ci_save_grad_norm),
+    ):
+        if template is not None:
+            out.append((flag, template, _template_folder(template), " for its files"))
+    return out
+
+
+def _template_folder(template: str) -> Path:
+    parts = Path(template).parent.parts
+    fixed = parts[: next((i for i, p in enumerate(parts) if "{" in p), len(parts))]
+    return Path(*fixed) if fixed else Path(".")
+
+
+def check_output_paths(config: Config) -> None:
+    """Every directory of `output_directories` exists as a writable directory or can be made.
+
+    Raises:
+        ValueError: naming the flag, the path and what is wrong (a file, a dangling symbolic link,
+            a folder where nothing can be made, such as /proc).
+    """
+    for flag, value, path, purpose in output_directories(config):
+        _check_can_hold_directory(path, flag, purpose, value=value)
+
+
+def _check_can_hold_directory(path: Path, flag: str, purpose: str, *, value: str | None = None) -> None:
     """`path` is a directory, or can become one: its nearest existing ancestor is a directory.
 
     `purpose` ends the message: "--save X: is a file; expected a directory for checkpoints"; without
-    one, "--run-dir X is a file; expected a directory".
+    one, "--run-dir X is a file; expected a directory". `value` is the flag's value when it is not
+    `path` (a path template: "--ci-save-grad-norm T: F is a file; expected a directory"). Whether something can be made there is
+    tried, not guessed from permissions (root may write anywhere but /proc): a folder with a name of
+    its own is made in `path`, or in its nearest existing ancestor, and removed at once.
 
     Raises:
-        ValueError: `path` exists and is not a directory (a file, /dev/null), or an ancestor is a file.
+        ValueError: `path` or an ancestor exists and is not a directory (a file, /dev/null), is a
+            symbolic link to nothing, or nothing can be made there (names the OS's reason).
     """
+    shown = str(path) if value is None else value
     if path.exists():
         if not path.is_dir():
             what = "is a file" if path.is_file() else "exists and is not a directory"
+            if value is not None and value != str(path):
+                raise ValueError(f"{flag} {value}: {path} {what}; expected a directory{purpose}")
             raise ValueError(f"{flag} {path}{':' if purpose else ''} {what}; expected a directory{purpose}")
+        _try_making(path, shown, flag, purpose)
         return
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"{flag} {path}: {parent} is a file, so the directory cannot be made there")
+    for candidate in (path, *path.parents):
+        if candidate.is_symlink() and not candidate.exists():
+            raise ValueError(
+                f"{flag} {shown}: {candidate} is a symbolic link to {os.readlink(candidate)}, which does not "
+                f"exist; expected a directory{purpose} (remove the link or make its target)"
+            )
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise ValueError(
+                    f"{flag} {shown}: {candidate} is a file, so the directory cannot be made there"
+                )
+            _try_making(candidate, shown, flag, purpose)
             return
+
+
+def _try_making(folder: Path, shown: str, flag: str, purpose: str) -> None:
+    """Make a uniquely named folder in `folder` and remove it; a failure is a ValueError naming `flag`."""
+    probe = folder / f".grpolab-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as e:
+        raise ValueError(
+            f"{flag} {shown}: cannot make a directory{purpose} there ({e.strerror} in {folder})"
+        ) from None
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:

@@ -165,6 +165,7 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
             rollout_batch_size=rollout.rollout_batch_size,
             seed=cfg.run.seed,
             shuffle=cfg.data.rollout_shuffle,
+            **dataset_kw,
         ),
         eval_sets=eval_sets,
         sampling=sampling,
@@ -234,17 +235,13 @@ def _run_identity(cfg: Config, tokenizer: Any, fingerprint: str) -> RunIdentity:
 def checkpoint_to_resume(config: Config, actor: Actor | None, run_dir: RunDirectory) -> Path | None:
     """The checkpoint directory `--load` resumes from (its latest), or None: no `--load`, or none there yet.
 
+    (`--save` holding another run's checkpoints is refused before the run directory is made:
+    `launch.check_on_this_machine`.)
+
     Raises:
-        ValueError: `--save` holds another run's checkpoints (without `--load` of the same path), or
-            `--load` with `--debug-rollout-only` (no trainer to restore into).
+        ValueError: `--load` with `--debug-rollout-only` (no trainer to restore into).
     """
-    load, save = config.checkpoint.load, config.checkpoint.save
-    continuing = load is not None and save is not None and Path(load).resolve() == Path(save).resolve()
-    if save is not None and not continuing and (Path(save) / checkpoint.LATEST_FILE).exists():
-        raise ValueError(
-            f"--save {save} already holds another run's checkpoints; pass --load {save} to continue that run "
-            "or choose another --save (they would be overwritten)"
-        )
+    load = config.checkpoint.load
     if load is None:
         return None
     if actor is None:

@@ -70,7 +70,7 @@ def test_load_and_save_paths(tmp_path: Path, capsys) -> None:
     (tmp_path / "a_file").write_text("x")
     with pytest.raises(SystemExit):
         main(["train", "--load", str(tmp_path / "a_file")])
-    assert "no such directory" in capsys.readouterr().err
+    assert "a_file: is a file; expected a checkpoint directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "--save", str(tmp_path / "a_file")])
     assert "is a file" in capsys.readouterr().err
@@ -96,21 +96,10 @@ def test_checkpoints_of_another_run_are_not_overwritten_and_corrupt_ones_are_nam
     ck = tmp_path / "ck"
     run(tmp_path, "first", "--num-rollout", "1", "--save", str(ck))
     before = (ck / "iter_0000001" / "model.safetensors").read_bytes()
-    code = main(
-        [
-            "train",
-            *SMALL,
-            "--num-rollout",
-            "1",
-            "--save",
-            str(ck),
-            "--seed",
-            "9",
-            "--run-dir",
-            str(tmp_path / "second"),
-        ]
-    )
-    assert code == 2 and "already holds another run's checkpoints" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # found before the run directory is made (preflight)
+        main(["train", *SMALL, "--save", str(ck), "--seed", "9", "--run-dir", str(tmp_path / "second")])
+    assert info.value.code == 2 and "already holds another run's checkpoints" in capsys.readouterr().err
+    assert not (tmp_path / "second").exists()
     assert (ck / "iter_0000001" / "model.safetensors").read_bytes() == before
     (ck / "iter_0000001" / "model.safetensors").write_bytes(before[:100])  # truncated
     code = main(
@@ -239,6 +228,101 @@ def test_a_response_cap_past_the_models_positions_is_refused_before_the_run_dir(
             in err
         )
         assert f"max_position_embeddings in {tiny_model_dir}/config.json" in err and not run_dir.exists()
+
+
+def test_the_longest_prompt_plus_the_response_cap_must_fit_the_model(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """F4: a prompt (counted with tokenizer.json, before the chat template) + the response cap past
+    max_position_embeddings is refused naming the prompt's line; a prompt past it alone is named as such."""
+    from grpolab.cli import build_parser, config_from_args
+    from grpolab.core.preflight import check_inputs
+
+    path = tmp_path / "p.jsonl"  # "apple" x150 is 301 tokens in the tiny tokenizer (word + space pieces)
+    path.write_text(
+        json.dumps({"question": "1+1?", "answer": "2"})
+        + "\n\n"
+        + json.dumps({"question": " ".join(["apple"] * 150), "answer": "3"})
+        + "\n"
+    )
+    run_dir = tmp_path / "r"
+    with pytest.raises(SystemExit) as info:
+        main(
+            [
+                "train",
+                "--prompt-data",
+                str(path),
+                "--rollout-max-response-len",
+                "300",
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and not run_dir.exists()
+    assert (
+        f"--rollout-max-response-len 300: the longest prompt of --prompt-data ({path} line 3) is 301" in err
+    )
+    assert "301 + 300 exceeds the model's limit of 512 tokens" in err and "use at most 211" in err
+    check_inputs(
+        config_from_args(build_parser().parse_args(["train", "--prompt-data", str(path)]))
+    )  # 301 + 32
+    path.write_text(json.dumps({"question": " ".join(["apple"] * 300), "answer": "3"}) + "\n")
+    with pytest.raises(ValueError, match=rf"--prompt-data: {path} line 1 is a prompt of 601 tokens"):
+        check_inputs(config_from_args(build_parser().parse_args(["train", "--prompt-data", str(path)])))
+
+
+def test_every_output_path_is_checked_before_the_run_dir(tmp_path: Path, capsys) -> None:
+    """fixpaths F3: each gave a raw [Errno 17]/[Errno 2] naming no flag (some after the run started)."""
+    dlink, afile = tmp_path / "dlink", tmp_path / "afile"
+    dlink.symlink_to(tmp_path / "nowhere")
+    afile.write_text("x")
+    cases = [
+        (["--run-dir", str(dlink)], f"--run-dir {dlink}: {dlink} is a symbolic link to {tmp_path}/nowhere"),
+        (["--save", str(dlink / "ck")], f"--save {dlink / 'ck'}: {dlink} is a symbolic link"),
+        (["--run-dir", "/proc/x"], "--run-dir /proc/x: cannot make a directory there"),
+        (
+            ["--save-debug-rollout-data", f"{afile}/r_{{rollout_id}}.grz"],
+            f"--save-debug-rollout-data {afile}/r_{{rollout_id}}.grz: {afile} is a file",
+        ),
+        (
+            ["--ci-save-grad-norm", f"{afile}/g/{{role}}_{{rollout_id}}_{{step_id}}.pt"],
+            f"--ci-save-grad-norm {afile}/g/{{role}}_{{rollout_id}}_{{step_id}}.pt: {afile} is a file",
+        ),
+        (["--save-debug-event-data", str(afile)], f"--save-debug-event-data {afile}: is a file"),
+        (["--load", str(afile)], f"--load {afile}: is a file; expected a checkpoint directory"),
+    ]
+    for argv, needle in cases:
+        with pytest.raises(SystemExit) as info:
+            main(["train", *argv] + ([] if argv[0] == "--run-dir" else ["--run-dir", str(tmp_path / "run")]))
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and needle in err and "Errno" not in err, (argv, err)
+        assert not (tmp_path / "run").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "dlink"]  # no probe folder left
+
+
+def test_a_run_dir_left_by_a_start_that_failed_before_its_first_rollout_is_reused(
+    tmp_path: Path, capsys
+) -> None:
+    """fixpaths F1: missing recordings failed after the run dir was made, and the corrected command
+    was then refused with "--run-dir: X already holds a run"."""
+    template = str(tmp_path / "rec" / "r_{rollout_id}.grz")
+    run(tmp_path, "rec", "--num-rollout", "1", "--save-debug-rollout-data", template)
+    replay = ["train", *SMALL, "--load-debug-rollout-data", template, "--run-dir", str(tmp_path / "replay")]
+    assert main([*replay, "--num-rollout", "2"]) == 2
+    assert "rollout 1: expected" in capsys.readouterr().err
+    assert main([*replay, "--num-rollout", "1"]) == 0
+    replayed = tmp_path / "replay"
+    starts = [(e["event"], e.get("status"), e.get("failed_starts_before")) for e in events(replayed)]
+    assert [s for s in starts if s[0] in ("run_start", "status")] == [
+        ("run_start", None, None),
+        ("status", "failed", None),
+        ("run_start", None, 1),
+        ("status", "finished", None),
+    ]
+    meta = json.loads((replayed / "run.json").read_text())
+    assert meta["config"]["rollout"]["num_rollout"] == 1 and len(meta["starts"]) == 2
+    assert main(["gate", str(replayed)]) == 0
 
 
 def test_the_longest_prompt_plus_the_response_cap_must_fit_the_model(

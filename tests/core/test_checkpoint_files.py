@@ -61,8 +61,26 @@ def prompts(tmp_path: Path) -> Path:
     return path
 
 
-def ident(path: Path, *, rows: int = 6, batch: int = 4, seed: int = 1234, shuffle: bool = True):
-    return data_identity(path, num_rows=rows, rollout_batch_size=batch, seed=seed, shuffle=shuffle)
+def ident(
+    path: Path,
+    *,
+    rows: int = 6,
+    batch: int = 4,
+    seed: int = 1234,
+    shuffle: bool = True,
+    template: bool = False,
+    input_key: str = "question",
+):
+    return data_identity(
+        path,
+        num_rows=rows,
+        rollout_batch_size=batch,
+        seed=seed,
+        shuffle=shuffle,
+        input_key=input_key,
+        label_key="answer",
+        apply_chat_template=template,
+    )
 
 
 # ---------------------------------------------------------------- item 3: temp folders, permissions
@@ -186,3 +204,55 @@ def test_an_old_checkpoint_without_identity_loads_with_a_warning(
         got = checkpoint.load_checkpoint(ckpt, TinyActor(), model_fingerprint="fp", data=ident(prompts))
     assert got.next_rollout_id == 2 and got.data_identity is None
     assert "records no data identity" in caplog.text
+
+
+# ---------------------------------------------------------------- fixpaths: what a row becomes, a bad state file
+def test_identity_covers_the_chat_template_and_the_keys(prompts: Path, tmp_path: Path) -> None:
+    """A resume with a copy of the data at another path silently turned the chat template off
+    (giving --prompt-data changes its default): the identity now names it."""
+    saved = ident(prompts, template=True).to_dict()
+    moved = tmp_path / "moved.jsonl"
+    moved.write_bytes(prompts.read_bytes())
+    got = identity_differences(saved, ident(moved, input_key="prompt"))
+    assert got == [
+        f"--prompt-data: {prompts} in the checkpoint, {moved} now",
+        "--input-key: question in the checkpoint, prompt now",
+        "--apply-chat-template: True in the checkpoint, False now",
+    ]
+
+
+def test_an_identity_without_the_prompt_fields_loads_with_a_warning(
+    prompts: Path, tmp_path: Path, caplog
+) -> None:
+    old = ident(prompts).to_dict()
+    for key in ("input_key", "label_key", "apply_chat_template"):
+        del old[key]  # as grpolab saved it before these were stored
+    ckpt = checkpoint.save_checkpoint(tmp_path / "ckpt", TinyActor(2.0), state(3, old))
+    with caplog.at_level(logging.WARNING, logger="grpolab"):
+        got = checkpoint.load_checkpoint(
+            ckpt, TinyActor(), model_fingerprint="fp", data=ident(prompts, template=True)
+        )
+    assert got.next_rollout_id == 3
+    assert f"--load: {ckpt} does not record --input-key, --label-key, --apply-chat-template" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('{"next_rollout_id": 3,', "is not valid JSON (Expecting"),
+        ("[3]", "should hold a JSON object, found list"),
+        (
+            '{"next_rollout_id": 3, "colour": 1}',
+            "counters (missing data_position, model_fingerprint, weight_version",
+        ),
+    ],
+)
+def test_a_corrupt_trainer_state_names_the_file(
+    prompts: Path, tmp_path: Path, text: str, problem: str
+) -> None:
+    ckpt = checkpoint.save_checkpoint(tmp_path / "ckpt", TinyActor(), state(1, None))
+    (ckpt / "trainer_state.json").write_text(text)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load_checkpoint(ckpt, TinyActor(), model_fingerprint="fp", data=ident(prompts))
+    assert f"--load: {ckpt / 'trainer_state.json'} " in str(e.value) and problem in str(e.value)
+    assert "colour" in str(e.value) or "colour" not in text

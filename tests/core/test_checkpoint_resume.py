@@ -103,7 +103,10 @@ def test_checkpoint_saves_and_stale_temps_are_logged(resumed: Path) -> None:
 
 def test_a_run_dir_of_another_run_is_refused(resumed: Path, capsys) -> None:
     tmp, before = resumed.parent, (resumed / reader.EVENTS_FILE).read_text()
-    assert main([*command(tmp), "--run-dir", str(resumed)]) == 2
+    with pytest.raises(SystemExit) as info:  # the --save of a run without its --load: before the run dir
+        main([*command(tmp), "--run-dir", str(resumed)])
+    assert info.value.code == 2 and "already holds another run's checkpoints" in capsys.readouterr().err
+    assert main(["train", *TINY, "--save", str(tmp / "ckpt2"), "--run-dir", str(resumed)]) == 2
     assert "already holds a run (run.json exists)" in capsys.readouterr().err
     assert main([*command(tmp), "--run-dir", str(resumed), "--load", str(tmp / "ckpt"), "--lr", "0.001"]) == 2
     err = capsys.readouterr().err
