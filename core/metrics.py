@@ -7,6 +7,7 @@ rewards are all equal, keyed by `str(round(r, 1))` with integral values printed 
 
 from __future__ import annotations
 
+import shlex
 import statistics
 import time
 from collections import Counter
@@ -179,7 +180,8 @@ class RunSummary:
 
     def lines(self, run_dir: str | Path, num_rollout: int) -> list[str]:
         """The summary, e.g. `done: 8 rollouts (0..7 of 8) in 5 min 34 s; reward 0.141 -> 0.484`,
-        then the run directory and the command that opens it in the UI."""
+        then the run directory and the command that opens it in the UI (the path shell-quoted, so
+        that the command can be pasted as it is)."""
         n = len(self.rollout_ids)
         ids = (
             f"{self.rollout_ids[0]}..{self.rollout_ids[-1]}"
@@ -193,4 +195,8 @@ class RunSummary:
         head += f" in {_duration(self._clock() - self.started)}"
         if self.first_reward is not None and self.last_reward is not None:
             head += f"; reward {self.first_reward:.3f} -> {self.last_reward:.3f}"
-        return [head, f"run directory: {run_dir}", f"open it in the UI: grpolab ui {run_dir}"]
+        return [
+            head,
+            f"run directory: {run_dir}",
+            f"open it in the UI: grpolab ui {shlex.quote(str(run_dir))}",
+        ]

@@ -74,3 +74,11 @@ def test_a_piped_run_says_what_it_loads_each_rollout_and_where_it_is(tmp_path: P
 def _records(run_dir: Path, kind: str) -> list[str]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [line for line in lines if json.loads(line)["kind"] == kind]
+
+
+def test_the_ui_hint_quotes_a_path_with_spaces() -> None:
+    lines = RunSummary(clock=lambda: 0.0).lines("runs/my run's dir", 1)
+    assert lines[-2:] == [
+        "run directory: runs/my run's dir",
+        """open it in the UI: grpolab ui 'runs/my run'"'"'s dir'""",
+    ]
