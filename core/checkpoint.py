@@ -334,8 +334,8 @@ def check_data(path: Path, state: TrainerState, data: DataIdentity, *, allow_cha
     what = "; ".join(differences)
     if not allow_change:
         raise CheckpointError(
-            f"--load: {path} was saved with other data ({what}); resuming would skip or repeat prompts "
-            f"from rollout {state.next_rollout_id} on. Use the run's own data and flags, or pass "
+            f"--load: {path} was saved with other data ({what}); resuming would skip, repeat or render "
+            f"differently the prompts from rollout {state.next_rollout_id} on. Use the run's own data and flags, or pass "
             "--allow-data-change to resume anyway"
         )
     log.warning(
