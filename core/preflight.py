@@ -1,7 +1,8 @@
 """`grpolab train`'s inputs checked before any run directory exists and before transformers is imported.
 
 A bad flag or input file should cost a second, not a model load, and leave no failed run folder
-under runs/. `check_inputs` checks, in this order: the device and checkpoint paths
+under runs/. `check_inputs` checks, in this order: the device, every output path
+(run dir, checkpoints, recording/grad-norm/event folders) and the checkpoint paths
 (`launch.check_on_this_machine`), the rollout engine kind, the model folder (config, tokenizer and
 whole weights, `model_files.check_model`), `--rollout-max-response-len` against the model's
 `max_position_embeddings` (`check_response_length`), that every `--ci-ft-test-actions` item can
