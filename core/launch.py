@@ -1,4 +1,8 @@
-"""Starting `grpolab train` on this machine: the device and checkpoint-path checks and the torchrun re-launch.
+"""Starting `grpolab train` on this machine: the device and path checks and the torchrun re-launch.
+
+Every path flag the run writes under (`output_directories`: run dir, checkpoints, the folders of the
+recording and grad-norm templates, the event mirror) is checked here, in one place, before the run
+directory is made; so are `--save` holding another run's checkpoints and `--load`.
 
 `--nproc-per-node N` re-runs the same command under torchrun (`torch.distributed.run --standalone`)
 and forwards SIGTERM/SIGHUP to it. The device and path checks live here, not in the config: they are
