@@ -365,3 +365,14 @@ def test_the_longest_prompt_plus_the_response_cap_must_fit_the_model(
     path.write_text(json.dumps({"question": " ".join(["apple"] * 300), "answer": "3"}) + "\n")
     with pytest.raises(ValueError, match=rf"--prompt-data: {path} line 1 is a prompt of 601 tokens"):
         check_inputs(config_from_args(build_parser().parse_args(["train", "--prompt-data", str(path)])))
+
+
+def test_the_default_run_dir_folder_is_checked_too(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("not a folder")
+    with pytest.raises(SystemExit) as info:
+        main(["train"])
+    assert (
+        info.value.code == 2
+        and "--run-dir (default) runs is a file; expected a directory" in capsys.readouterr().err
+    )
