@@ -5,7 +5,7 @@ The loop calls three phases per rollout id, in order:
   answers from the engine, each with its own seed (seeding.py); replay (`--load-debug-rollout-data`):
   the samples read from the recording, with their recorded rewards;
 - `rewards`: live: scored by the reward function; inject (`--ci-inject-rollout-data-path`, from the
-  start id on): scored as live, compared with the recording (replayer.compare_rollouts), and the
+  start id on): scored as live, compared with the recording (inject.compare_rollouts), and the
   recording handed back instead;
 - `advantages`: GRPO advantages from the rewards (recomputed on replay and inject, as Miles).
 Each phase works on this rank's contiguous share of the rollout. Before the first rollout,
@@ -27,15 +27,9 @@ from grpolab.core.dist import DistContext
 from grpolab.core.engine.base import GenerationRequest, RolloutEngine, SamplingParams
 from grpolab.core.metrics import PhaseTimer
 from grpolab.core.seeding import derive_sample_seed
+from grpolab.replay.inject import InjectMismatchError, compare_rollouts, frozen_recording_note
 from grpolab.replay.paths import eval_rollout_id
-from grpolab.replay.replayer import (
-    InjectMismatchError,
-    RolloutRecorder,
-    RolloutReplayer,
-    RunIdentity,
-    compare_rollouts,
-    frozen_recording_note,
-)
+from grpolab.replay.replayer import RolloutRecorder, RolloutReplayer, RunIdentity
 from grpolab.rundir.writer import RunDirectory
 
 log = logging.getLogger("grpolab")
