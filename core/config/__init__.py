@@ -130,11 +130,6 @@ class Config:
             "(or --load-debug-rollout-data) trains on recordings without one: drop one of them",
         )
         require(
-            not (self.debug.debug_train_only and self.rollout.uses_servers),
-            "--rollout-num-engines / --sglang-router-ip need a rollout engine, but --debug-train-only "
-            "(or --load-debug-rollout-data) trains on recordings without one: drop one of them",
-        )
-        require(
             self.ci.ci_metric_checker_key is None or bool(self.eval.eval_prompt_data),
             "--ci-metric-checker-key needs an eval: set --eval-interval and --eval-prompt-data NAME PATH",
         )

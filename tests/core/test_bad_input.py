@@ -39,7 +39,10 @@ def test_model_fingerprint_ignores_where_the_model_lives(tiny_model_dir: Path, t
         (["--seed", "-1"], "--seed must be a non-negative integer"),
         (["--train-dtype", "float16"], "--train-dtype must be one of"),
         (["--device", "cuda"], "--device cuda: this torch build or machine has no CUDA device"),
-        (["--rollout-engine", "http"], "unknown rollout engine kind 'http' (--rollout-engine); valid: sglang, torch"),
+        (
+            ["--rollout-engine", "http"],
+            "unknown rollout engine kind 'http' (--rollout-engine); valid: sglang, torch",
+        ),
         (["--save", "/dev/null"], "--save /dev/null: exists and is not a directory"),
     ],
 )
@@ -323,48 +326,6 @@ def test_a_run_dir_left_by_a_start_that_failed_before_its_first_rollout_is_reuse
     meta = json.loads((replayed / "run.json").read_text())
     assert meta["config"]["rollout"]["num_rollout"] == 1 and len(meta["starts"]) == 2
     assert main(["gate", str(replayed)]) == 0
-
-
-def test_the_longest_prompt_plus_the_response_cap_must_fit_the_model(
-    tiny_model_dir: Path, tmp_path: Path, capsys
-) -> None:
-    """F4: a prompt (counted with tokenizer.json, before the chat template) + the response cap past
-    max_position_embeddings is refused naming the prompt's line; a prompt past it alone is named as such."""
-    from grpolab.cli import build_parser, config_from_args
-    from grpolab.core.preflight import check_inputs
-
-    path = tmp_path / "p.jsonl"  # "apple" x150 is 301 tokens in the tiny tokenizer (word + space pieces)
-    path.write_text(
-        json.dumps({"question": "1+1?", "answer": "2"})
-        + "\n\n"
-        + json.dumps({"question": " ".join(["apple"] * 150), "answer": "3"})
-        + "\n"
-    )
-    run_dir = tmp_path / "r"
-    with pytest.raises(SystemExit) as info:
-        main(
-            [
-                "train",
-                "--prompt-data",
-                str(path),
-                "--rollout-max-response-len",
-                "300",
-                "--run-dir",
-                str(run_dir),
-            ]
-        )
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and not run_dir.exists()
-    assert (
-        f"--rollout-max-response-len 300: the longest prompt of --prompt-data ({path} line 3) is 301" in err
-    )
-    assert "301 + 300 exceeds the model's limit of 512 tokens" in err and "use at most 211" in err
-    check_inputs(
-        config_from_args(build_parser().parse_args(["train", "--prompt-data", str(path)]))
-    )  # 301 + 32
-    path.write_text(json.dumps({"question": " ".join(["apple"] * 300), "answer": "3"}) + "\n")
-    with pytest.raises(ValueError, match=rf"--prompt-data: {path} line 1 is a prompt of 601 tokens"):
-        check_inputs(config_from_args(build_parser().parse_args(["train", "--prompt-data", str(path)])))
 
 
 def test_the_default_run_dir_folder_is_checked_too(tmp_path: Path, monkeypatch, capsys) -> None:
