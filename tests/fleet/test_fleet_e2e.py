@@ -100,6 +100,29 @@ def test_one_engine_through_the_router_matches_the_in_process_run_bitwise(tmp_pa
 
 
 @pytest.mark.slow
+def test_rollout_only_with_evals_through_the_router_matches_the_in_process_run(tmp_path: Path) -> None:
+    """--debug-rollout-only with an eval before rollout 0 and after each rollout: no trainer is built, and
+    the fleet's rollouts and evals (scores and recordings, bit for bit) are the in-process run's."""
+    test_set = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "arithmetic_test.jsonl"
+    flags = ["--debug-rollout-only", "--eval-interval", "1", "--eval-prompt-data", "arith", str(test_set)]
+    flags += ["--eval-max-prompts", "3", "--n-samples-per-eval-prompt", "2"]
+    templates = {}
+    for name, extra in (("inproc", []), ("served", ["--rollout-num-engines", "1"])):
+        templates[name] = str(tmp_path / f"rec_{name}" / "r_{rollout_id}.grz")
+        done = _train(tmp_path / name, *flags, *extra, "--save-debug-rollout-data", templates[name])
+        assert done.returncode == 0, done.stderr[-3000:]
+    served, inproc = _metrics(tmp_path / "served"), _metrics(tmp_path / "inproc")
+    assert served == inproc
+    assert [r[0] for r in served].count("eval") == 3 and not any(r[0] == "step" for r in served)
+    for rid in (0, 1, "eval_0", "eval_1", "eval_2"):
+        a, b = (load_rollout(t.format(rollout_id=rid)).samples for t in templates.values())
+        assert [(s.response_ids, s.rollout_log_probs.numpy().tobytes(), s.reward) for s in a] == [
+            (s.response_ids, s.rollout_log_probs.numpy().tobytes(), s.reward) for s in b
+        ], rid
+    assert "Router ready" in (tmp_path / "served" / "router.log").read_text()
+
+
+@pytest.mark.slow
 def test_a_killed_engine_fails_the_run_at_once_and_leaves_no_process(tmp_path: Path) -> None:
     run = tmp_path / "killed"
     argv = [sys.executable, "-m", "grpolab", "train", "--run-dir", str(run), *SMALL, "--num-rollout", "6"]
