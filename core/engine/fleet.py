@@ -4,7 +4,8 @@ What `grpolab train --rollout-num-engines N` runs, the way Miles runs it: each e
 `python -m grpolab serve --hf-checkpoint M --port 0` (its log: `RUN_DIR/engines/<i>.log`, where it
 prints `grpolab serve: listening on URL`), the router is `python -m sglang_router.launch_router
 --host 127.0.0.1 --port P --request-timeout-secs T` (PyPI `sglang-router`, a Rust router that runs
-on CPU; its log: `RUN_DIR/router.log`), and each engine is registered through the router's worker
+on CPU; its log: `RUN_DIR/router.log`; its Prometheus exporter on a free loopback port, so that
+several runs can share a machine), and each engine is registered through the router's worker
 API (`POST /workers {"url"}`, an async job; `GET /workers` lists it once registered and healthy).
 
 No orphan survives the trainer: every child starts in its own session (one process group, so
@@ -189,6 +190,9 @@ class Fleet:
         ]
         router_argv = [sys.executable, "-m", ROUTER_MODULE, "--host", "127.0.0.1", "--port", str(port)]
         router_argv += ["--request-timeout-secs", str(max(1, round(request_timeout_s)))]
+        # its Prometheus exporter binds 0.0.0.0:29000 by default: a second router on the machine (another
+        # run, a test) panicked with "Address already in use"; a free loopback port each
+        router_argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         router = _spawn("router", router_argv, Path(run_dir) / "router.log")
         router.url = f"http://127.0.0.1:{port}"
         fleet = cls(router, engines)

@@ -196,3 +196,27 @@ def test_a_router_on_a_taken_port_is_exit_2(tmp_path: Path) -> None:
         result = _train(tmp_path / "taken", "--rollout-num-engines", "1", "--sglang-router-port", str(port))
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"--sglang-router-port {port}: 127.0.0.1:{port} is in use" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_second_router_on_the_machine_starts(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """sglang-router's Prometheus exporter binds 0.0.0.0:29000 unless told otherwise: with that port taken
+    (another run's router) the router panicked "Address already in use" (seen in a benchmark run)."""
+    import socket
+
+    from grpolab.core.engine.fleet import Fleet
+    from grpolab.core.engine.http_calls import call_json
+
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+        try:
+            held.bind(("0.0.0.0", 29000))
+            held.listen(1)
+        except OSError:
+            pass  # already taken by something else: the same situation
+        fleet = Fleet.launch(checkpoint=str(tiny_model_dir), num_engines=1, run_dir=tmp_path)
+        try:
+            answer = call_json("GET", fleet.router_url + "/workers", None, timeout=10)
+            assert [w["url"] for w in answer["workers"]] == [fleet.engines[0].url]
+        finally:
+            fleet.close()
