@@ -135,7 +135,7 @@ def test_missing_prompt_file_and_key(tmp_path: Path, capsys) -> None:
         "--run-dir",
         str(tmp_path / "bad2"),
     )
-    assert "--input-key 'question'" in err and "row 0" in err
+    assert "--input-key 'question'" in err and "line 1 has no such field" in err
 
 
 def test_indivisible_global_batch(capsys) -> None:
