@@ -46,7 +46,7 @@ from grpolab.core.engine.base import (
 )
 from grpolab.core.engine.client import EngineGoneError
 from grpolab.core.engine.fleet import Fleet, log_tail
-from grpolab.core.engine.http_calls import EngineRequestError, HttpCallError, call_json
+from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError, call_json
 
 log = logging.getLogger("grpolab")
 
@@ -65,7 +65,7 @@ WATCH_INTERVAL_S = 0.5
 EXIT_GRACE_S = 1.0
 """Seconds a failed call waits for a fleet process to be seen as exited before it is reported as an
 HTTP failure (a kill -9'd engine resets its connections a moment before its parent can reap it)."""
-_MISMATCH = re.compile(r"(\S+) \[([\d, ]*)\] max_abs_err=([^\s;]+)")
+_MISMATCH = re.compile(r"(\S+) \[([\d, ]*)\] max_abs_err=([-+.\w]+)")  # not the quoted JSON's `"}`
 
 
 def shm_root() -> str | None:
@@ -243,7 +243,8 @@ class HttpEngine:
     def weights_checker(self, action: str, *, seed: int = 0) -> list[TensorMismatch]:
         """SGLang's `/weights_checker` on every engine; "compare" lists the differing tensors it names.
 
-        A failed compare names at most 10 tensors; the others count as "<unnamed>" entries.
+        A failed compare names the tensors its quoted 400 lists in full (the server lists 10, the quote keeps
+        `MAX_QUOTED` characters); the others count as "<unnamed>" entries (see `parse_mismatches`).
 
         Raises:
             ValueError: an unknown action, or "compare" before "snapshot" (the engine's error quoted).
@@ -258,7 +259,7 @@ class HttpEngine:
             except EngineRequestError as e:
                 if action != "compare" or "differ from the snapshot" not in str(e):
                     raise
-                mismatches += parse_mismatches(str(e), engine=i)
+                mismatches += parse_mismatches(str(e), engine=i, quoted=MAX_QUOTED)
         return mismatches
 
     # ------------------------------------------------------------------ health, logs, stop
@@ -400,19 +401,29 @@ def parse_generate_answer(answer: object, params: SamplingParams, version: int) 
     )
 
 
-def parse_mismatches(message: str, *, engine: int) -> list[TensorMismatch]:
-    """The tensors a failed `/weights_checker` compare names, plus one "<unnamed>" per "(and K more)"."""
+def parse_mismatches(message: str, *, engine: int, quoted: int | None = None) -> list[TensorMismatch]:
+    """The tensors a failed `/weights_checker` compare names, plus one "<unnamed>" per other differing tensor.
+
+    The total is the message's "compare: N tensors differ" (else the named ones plus "(and K more)"): an
+    error quoted at `quoted` characters (`http_calls.MAX_QUOTED`) loses its tail, so only the entries
+    complete before the cut are named. The server reports no mean error: `mean_abs_err` is NaN.
+    """
+    body = message.split(" answered HTTP 400: ", 1)[-1]
+    cut = quoted is not None and len(body) >= quoted
     found = [
         TensorMismatch(
-            name=name if engine == 0 else f"engine{engine}/{name}",
-            shape=tuple(int(s) for s in shape.split(",") if s.strip()),
-            max_abs_err=float(err),
-            mean_abs_err=float(err),
+            name=m[1] if engine == 0 else f"engine{engine}/{m[1]}",
+            shape=tuple(int(s) for s in m[2].split(",") if s.strip()),
+            max_abs_err=float(m[3]),
+            mean_abs_err=float("nan"),
         )
-        for name, shape, err in _MISMATCH.findall(message)
+        for m in _MISMATCH.finditer(message)
+        if not (cut and m.end() == len(message))  # a number the quote may have cut short
     ]
+    total = re.search(r"compare: (\d+) tensors differ", message)
     more = re.search(r"\(and (\d+) more\)", message)
-    for j in range(int(more.group(1)) if more else 0):
+    unnamed = int(total[1]) - len(found) if total else int(more[1]) if more else 0
+    for j in range(unnamed):
         found.append(
             TensorMismatch(
                 name=f"<unnamed {j}>", shape=(), max_abs_err=float("nan"), mean_abs_err=float("nan")
