@@ -34,7 +34,10 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p.add_argument("--hf-checkpoint", required=True, help="model directory (save_pretrained) or .gguf file")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port to bind; 0 = any free (default {DEFAULT_PORT})"
+        "--port",
+        type=port_number,
+        default=DEFAULT_PORT,
+        help=f"port to bind; 0 = any free (default {DEFAULT_PORT})",
     )
     p.add_argument(
         "--api-key", default=None, help="require Authorization: Bearer KEY (needed for a non-loopback --host)"
@@ -51,6 +54,21 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         "--batch-wait-ms", type=float, default=BATCH_WAIT_S * 1000, help="gather window before a batch starts"
     )
     return p
+
+
+def port_number(text: str) -> int:
+    """`--port`'s argparse type: an int in 0..65535 (argparse turns its ArgumentTypeError into exit 2).
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or out of the TCP port range.
+    """
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port must be an integer in 0..65535, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"--port must be in 0..65535, got {port}")
+    return port
 
 
 def is_loopback(host: str) -> bool:

@@ -21,6 +21,7 @@ import hashlib
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,6 +32,8 @@ from grpolab.serve.state import MEMORY_TAGS, ServerState
 
 CHECKSUM_SKIP = ("cos_sin_cache", "cos_cache", "sin_cache", "inv_freq", "freqs_cis", "expert_mask_gpu")
 """Tensor-name substrings SGLang's weight checker always skips (`srt/utils/weight_checker.py`)."""
+CHECKER_ACTIONS = ("snapshot", "reset_tensors", "compare", "checksum")
+"""`/weights_checker`'s actions (SGLang's three plus checksum)."""
 MAX_LISTED = 10
 """How many differing tensors a failed compare names in its message."""
 
@@ -172,7 +175,7 @@ async def update_weights_from_disk(state: ServerState, request: Request) -> Resp
     )
     try:
         n = await state.batcher.exclusive(_load_weights, state, model_path, target)
-    except (ValueError, KeyError, OSError) as e:
+    except (ValueError, KeyError, OSError, SafetensorError) as e:  # SafetensorError: a corrupt file
         return _fail(f"Failed to update weights: {e}")
     message = f"Succeeded to update model weights ({n} tensors from {model_path})."
     if version is not None:
@@ -237,6 +240,9 @@ async def weights_checker(state: ServerState, request: Request) -> Response:
                 "per_engine_checksum": overall,
             }
         )
+    if action not in CHECKER_ACTIONS:
+        message = f"unknown weights_checker action {action!r}; expected one of {', '.join(CHECKER_ACTIONS)}"
+        return JSONResponse({"success": False, "message": message}, status_code=400)
     checker = capability(state.engine, ChecksWeights)
     if checker is None:
         return JSONResponse(

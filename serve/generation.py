@@ -15,6 +15,7 @@ from grpolab.serve.protocol import (
     GenerateItem,
     RequestError,
     abort_response,
+    check_fits,
     generate_response,
     parse_generate,
 )
@@ -28,8 +29,12 @@ async def run_items(state: ServerState, items: list[GenerateItem]) -> list[dict]
     """Generate `items` through the batcher; one SGLang response dict each (aborted ones included).
 
     Raises:
+        RequestError: a prompt with a token id outside the vocabulary or too long for the context
+            (checked before anything is queued, so a bad request never joins a batch).
         RuntimeError: generation is refused (memory released) or the engine failed.
     """
+    for item in items:
+        check_fits(item, vocab_size=state.vocab_size, context_len=state.context_len)
     start = time.perf_counter()
     results = await state.batcher.submit(items)
     seconds = time.perf_counter() - start

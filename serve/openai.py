@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 import time
 
+from jinja2 import TemplateError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -64,13 +65,20 @@ def _prompt_ids(state: ServerState, messages: object) -> list[int]:
     """The chat-templated prompt ids of `messages` (a list of {role, content}).
 
     Raises:
-        RequestError: messages missing or malformed, or the tokenizer has no chat template.
+        RequestError: messages missing or malformed (a message without a string `role` or without
+            `content`, a string or a list of parts), or the chat template fails on them.
     """
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise RequestError("messages must be a non-empty list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
+            raise RequestError(
+                f"messages[{i}] must have a string role and a content (a string or a list of parts), "
+                f"got {sorted(m)}"
+            )
     try:
         ids = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, TemplateError) as e:
         raise RequestError(f"cannot apply the chat template of {state.settings.model_path}: {e}") from e
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]

@@ -153,3 +153,37 @@ def test_openai_routes(server, contract):
     assert a["metadata"]["weight_version"] == server.call("/model_info").body["weight_version"]
     bad = server.call("/v1/chat/completions", {"messages": []})
     assert bad.status == 400 and "messages must be a non-empty list" in bad.body["error"]["message"]
+
+
+def test_corrupt_safetensors_and_unknown_checker_action_are_400(server, tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.safetensors").write_text("garbage\n")
+    ans = server.call("/update_weights_from_disk", {"model_path": str(tmp_path / "d"), "weight_version": "8"})
+    assert ans.status == 400 and ans.body["success"] is False, ans.text
+    assert ans.body["message"].startswith("Failed to update weights: ")
+    assert server.call("/model_info").body["weight_version"] != "8"
+    bad = server.call("/weights_checker", {"action": "audit"})
+    assert bad.status == 400 and bad.body == {
+        "success": False,
+        "message": "unknown weights_checker action 'audit'; expected one of "
+        "snapshot, reset_tensors, compare, checksum",
+    }
+
+
+@pytest.mark.parametrize(
+    "messages", [[{"role": "user"}], [{"content": "hi"}], [{"role": "user", "content": None}]]
+)
+def test_chat_message_without_content_or_role_is_400(server, messages):
+    ans = server.call("/v1/chat/completions", {"messages": messages})
+    assert ans.status == 400, ans.text
+    assert "messages[0] must have a string role and a content" in ans.body["error"]["message"]
+
+
+def test_chat_prompt_too_long_for_the_context_is_400(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}
+    ans = server.call("/v1/chat/completions", body)
+    assert ans.status == 400, ans.text
+    assert (
+        "Requested token count exceeds the model's maximum context length of 512"
+        in ans.body["error"]["message"]
+    )

@@ -315,3 +315,54 @@ def test_text_prompt_and_not_json(server, contract):
     assert out["meta_info"]["prompt_tokens"] > 0 and len(out["output_ids"]) >= 1
     ans = server.call("/generate", None, method="POST")
     assert ans.status == 400 and "Either text, input_ids" in ans.body["error"]["message"]
+
+
+VOCAB, CONTEXT = 1024, 512  # tiny-qwen3's vocab_size and max_position_embeddings (config.json)
+
+
+@pytest.mark.parametrize(
+    ("input_ids", "bad", "position"),
+    [([-1, 2], -1, 0), ([5, 99999999], 99999999, 1), ([[1], [3, VOCAB]], VOCAB, 1)],
+)
+def test_out_of_vocab_ids_are_400_and_spare_queued_requests(server, contract, input_ids, bad, position):
+    """An id outside [0, V) is refused before it is queued: a valid request waiting beside it is answered."""
+    assert server.call("/pause_generation", {"mode": "in_place"}).status == 200
+    valid = {"input_ids": [4, 5], "sampling_params": {"max_new_tokens": 2}, "rid": "ok"}
+    answers, threads = _send_concurrently(server, contract, [valid])
+    _wait_for(server, "waiting_requests", 1)
+    ans = server.call("/generate", {"input_ids": input_ids, "sampling_params": {"max_new_tokens": 2}})
+    assert ans.status == 400, ans.text
+    message = ans.body["error"]["message"]
+    assert f"token id {bad} (position {position})" in message and f"vocab size {VOCAB}" in message
+    assert stats(server)["waiting_requests"] == 1
+    assert server.call("/continue_generation", {}).status == 200
+    threads[0].join(60)
+    assert answers[0]["meta_info"]["id"] == "ok" and len(answers[0]["output_ids"]) >= 1
+
+
+@pytest.mark.parametrize(
+    ("n", "max_new", "expect"),
+    [
+        (600, 1, f"The input (600 tokens) is longer than the model's context length ({CONTEXT} tokens)."),
+        (CONTEXT, 1, f"The input ({CONTEXT} tokens) is longer than the model's context length"),
+        (
+            3,
+            100000000,
+            f"maximum context length of {CONTEXT} tokens. You requested a total of 100000003 tokens",
+        ),
+        (12, CONTEXT - 12, f"You requested a total of {CONTEXT} tokens: 12 tokens from the input messages"),
+    ],
+)
+def test_context_length_is_enforced_like_sglang(server, n, max_new, expect):
+    """SGLang's rules: prompt < context length, and prompt + max_new_tokens < context length."""
+    body = {"input_ids": [7] * n, "sampling_params": {"max_new_tokens": max_new}}
+    ans = server.call("/generate", body)
+    assert ans.status == 400, ans.text
+    assert expect in ans.body["error"]["message"]
+
+
+def test_context_length_boundary_is_answered(server, contract):
+    out = generate(
+        server, contract, {"input_ids": [7] * (CONTEXT - 2), "sampling_params": {"max_new_tokens": 1}}
+    )
+    assert out["meta_info"]["prompt_tokens"] == CONTEXT - 2 and len(out["output_ids"]) == 1

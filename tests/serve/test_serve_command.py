@@ -49,3 +49,11 @@ OTHER = [("0.0.0.0", False), ("10.1.2.3", False)]
 @pytest.mark.parametrize(("host", "loop"), LOOPBACK + OTHER)
 def test_is_loopback(host, loop):
     assert is_loopback(host) is loop
+
+
+@pytest.mark.parametrize("port", ["-3", "99999", "http"])
+def test_port_out_of_range_is_exit_2(tiny_model_dir, capsys, port):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--port", port])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--port must be" in err and "0..65535" in err and "Traceback" not in err
