@@ -30,6 +30,7 @@ from pathlib import Path
 
 from _common import TINY_MODEL, machine, median, smollm2_gguf
 
+from grpolab.diagnose.common.procfs import proc_children
 from grpolab.rundir.reader import read_events, read_metrics
 
 
@@ -92,18 +93,6 @@ def bench_sync(tmp: Path, reps: int) -> tuple[str, float, float, int]:
     return name, local, http, moved
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
 def bench_dead_engine(tmp: Path) -> tuple[float, int, str]:
     """(seconds from kill -9 to the run's end, exit code, last status) at the default timeout."""
     run = tmp / "killed"
@@ -115,7 +104,7 @@ def bench_dead_engine(tmp: Path) -> tuple[float, int, str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the run ended before its first rollout:\n{proc.communicate()[1][-3000:]}")
             time.sleep(0.2)
-        engine = [p for p in _children(proc.pid) if b"serve" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        engine = [p for p in proc_children(proc.pid) if b"serve" in Path(f"/proc/{p}/cmdline").read_bytes()]
         os.kill(engine[0], signal.SIGKILL)
         killed = time.monotonic()
         proc.communicate(timeout=300)

@@ -70,6 +70,15 @@ def proc_parent(pid: int) -> int | None:
     return int(fields[1]) if fields and len(fields) > 1 else None
 
 
+def proc_children(pid: int) -> list[int]:
+    """The pids whose parent is `pid` (a scan of /proc), in /proc's order; [] when it has none or is gone."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and proc_parent(int(entry.name)) == pid:
+            children.append(int(entry.name))
+    return children
+
+
 def proc_group_and_session(pid: int) -> tuple[int, int] | None:
     """(process group id, session id) of `pid` (/proc/<pid>/stat fields 5 and 6), or None when gone.
 

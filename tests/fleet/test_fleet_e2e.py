@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from grpolab.diagnose.common.procfs import proc_children, proc_state
 from grpolab.replay.recording import load_rollout
 from grpolab.rundir.reader import read_events
 
@@ -34,25 +35,9 @@ def _metrics(run_dir: Path) -> list[tuple]:
     return rows
 
 
-def _children(pid: int) -> list[int]:
-    """Direct children of `pid` (from /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
 def _alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    """`pid` exists and is not a zombie."""
+    return proc_state(pid) not in (None, "Z")
 
 
 def _recorded(template: str, n: int) -> list[list[tuple]]:
@@ -133,7 +118,7 @@ def test_a_killed_engine_fails_the_run_at_once_and_leaves_no_process(tmp_path: P
         while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
             time.sleep(0.2)
-        fleet = _children(proc.pid)
+        fleet = proc_children(proc.pid)
         engines = [p for p in fleet if b"serve" in (Path("/proc") / str(p) / "cmdline").read_bytes()]
         assert len(engines) == 1 and len(fleet) == 2, fleet  # one engine and the router
         os.kill(engines[0], signal.SIGKILL)
@@ -162,13 +147,13 @@ def test_sigterm_ends_the_run_and_its_fleet(tmp_path: Path) -> None:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
-        while "Router ready" not in _read(run / "router.log") or len(_children(proc.pid)) < 3:
+        while "Router ready" not in _read(run / "router.log") or len(proc_children(proc.pid)) < 3:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
             time.sleep(0.2)
         while not _read(run / "metrics.jsonl"):  # both engines registered and serving
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
             time.sleep(0.2)
-        fleet = _children(proc.pid)
+        fleet = proc_children(proc.pid)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
