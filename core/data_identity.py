@@ -11,13 +11,11 @@ path: the same file at another path reads the same rows, so a moved file alone i
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-HASH_CHUNK_BYTES = 1 << 20
-"""Bytes read at a time while hashing the prompt file."""
+from grpolab.core.file_hash import sha256_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,19 +64,6 @@ PROMPT_FIELDS: dict[str, str] = {
 stored lack them (`unrecorded_fields`: a warning, not a refusal)."""
 
 
-def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes, read `HASH_CHUNK_BYTES` at a time.
-
-    Raises:
-        OSError: the file cannot be read.
-    """
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def data_identity(
     prompt_data: str | Path,
     *,
@@ -100,7 +85,7 @@ def data_identity(
         prompt_data=str(path),
         file_bytes=path.stat().st_size,
         num_rows=num_rows,
-        sha256=file_sha256(path),
+        sha256=sha256_of(path),  # read each time: prompt files are small
         rollout_batch_size=rollout_batch_size,
         seed=seed,
         rollout_shuffle=shuffle,

@@ -48,14 +48,23 @@ def file_sha256(paths: list[Path]) -> list[str]:
         ):
             out.append(str(entry["sha256"]))
             continue
-        with open(path, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        digest = sha256_of(path)
         cache[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
         out.append(digest)
         changed = True
     if changed:
         _write_cache(cache)
     return out
+
+
+def sha256_of(path: str | Path) -> str:
+    """The SHA-256 (64 hex digits) of one file's bytes, read now (no cache).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _read_cache() -> dict:
