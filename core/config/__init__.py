@@ -10,7 +10,7 @@ hardware, so `Config.from_dict` reads any run's run.json anywhere; `grpolab trai
 when it starts (core/launch.py). `Config.to_dict()` is what run.json stores as the resolved config.
 
 Sections: `generation` (model, data, rollout, reward, eval), `training` (algorithm, optimizer,
-colocate, checkpoint), `debugging` (debug, ci) and `RunConfig` below. Importing this package imports
+colocate, checkpoint), `debugging` (debug, ci), `monitoring` (monitoring, profiling) and `RunConfig` below. Importing this package imports
 no torch; constructing a config imports the registries (and so torch).
 """
 
@@ -32,6 +32,7 @@ from grpolab.core.config.generation import (
     RewardConfig,
     RolloutConfig,
 )
+from grpolab.core.config.monitoring import MonitoringConfig, ProfilingConfig
 from grpolab.core.config.training import AlgorithmConfig, CheckpointConfig, ColocateConfig, OptimizerConfig
 from grpolab.core.config.validation import require, require_finite
 
@@ -49,7 +50,9 @@ __all__ = [
     "DebugConfig",
     "EvalConfig",
     "ModelConfig",
+    "MonitoringConfig",
     "OptimizerConfig",
+    "ProfilingConfig",
     "RewardConfig",
     "RolloutConfig",
     "RunConfig",
@@ -115,6 +118,8 @@ class Config:
     debug: DebugConfig = field(default_factory=DebugConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ci: CIConfig = field(default_factory=CIConfig)
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
