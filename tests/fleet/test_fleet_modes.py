@@ -12,7 +12,7 @@ import pytest
 from test_fleet_e2e import _train
 
 from grpolab.core.engine.http_calls import MAX_QUOTED
-from grpolab.core.engine.http_engine import parse_mismatches
+from grpolab.core.engine.sglang_api import parse_mismatches
 from grpolab.rundir.reader import read_events
 
 TINY = ["--rollout-max-response-len", "16"]  # with test_fleet_e2e's SMALL: 2 rollouts of 4 prompts x 4

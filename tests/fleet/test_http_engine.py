@@ -11,7 +11,7 @@ from grpolab.core.config import Config, DebugConfig, RolloutConfig
 from grpolab.core.engine.base import GenerationRequest, SamplingParams
 from grpolab.core.engine.factory import running_fleet_engines
 from grpolab.core.engine.fleet import Fleet, PortInUseError, log_tail
-from grpolab.core.engine.http_engine import generate_body, parse_generate_answer, parse_mismatches
+from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer, parse_mismatches
 from grpolab.serve.protocol import GenerateItem, finish_reason_json, generate_response
 
 PLAIN = SamplingParams(temperature=0.7, max_new_tokens=5, stop_token_ids=(2, 7))
