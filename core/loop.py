@@ -46,6 +46,7 @@ from grpolab.core.run_end import close_engine, end_run_with_error
 from grpolab.core.startup import build_parts, open_run, resume
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
+from grpolab.monitor import open_monitor
 from grpolab.replay.paths import eval_rollout_id
 from grpolab.rundir.writer import RunDirectory
 
@@ -89,6 +90,8 @@ class GRPORun:
         # every rollout/sync/eval call goes through the engine's client (fails after --engine-failure-timeout)
         self.engine, self.actor, self.colocation = parts.engine, parts.actor, parts.colocation
         self.producer, self.recorder = parts.producer, parts.recorder
+        # wandb / TensorBoard / --custom-rollout-log-function-path (rank 0); closed by run_dir.finish
+        self.monitor = open_monitor(config, run_dir, primary=self.dist.is_primary)
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -241,14 +244,14 @@ class GRPORun:
             line = rollout_metrics(
                 everyone, log_probs=None, ref_log_probs=None, entropy=None, rollout_id=rollout_id
             )
-            self._emit("rollout", rollout_id, line)
+            self._emit("rollout", rollout_id, line, samples=everyone)
             return line, None, None
         all_old, all_ref = self._gather(old.log_probs), self._gather(ref.log_probs)
         all_entropy = self._gather(old.entropy or [])
         line = rollout_metrics(
             everyone, log_probs=all_old, ref_log_probs=all_ref, entropy=all_entropy, rollout_id=rollout_id
         )
-        self._emit("rollout", rollout_id, line)
+        self._emit("rollout", rollout_id, line, samples=everyone)
         self.harness.after_rollout_line(rollout_id, line, everyone, all_old, all_ref)
         return line, old, ref
 
@@ -394,12 +397,21 @@ class GRPORun:
         self.run_dir.event("engine_stopped", reason=reason)
 
     def _emit(
-        self, kind: str, index: int, metrics: dict[str, float], *, rollout_id: int | None = None
+        self,
+        kind: str,
+        index: int,
+        metrics: dict[str, float],
+        *,
+        rollout_id: int | None = None,
+        samples: list[Sample] | None = None,
     ) -> None:
-        log.info(format_line(kind, index, metrics))
-        self.run_dir.log_metrics(
-            kind, index if rollout_id is None else rollout_id, metrics, step=index if kind == "step" else None
-        )
+        """A metrics.jsonl record, then the monitor (the sinks; the custom rollout logger gets the
+        rollout's `samples`), then the `<kind> N:` line unless the rollout logger replaced it."""
+        rollout, step = index if rollout_id is None else rollout_id, index if kind == "step" else None
+        self.run_dir.log_metrics(kind, rollout, metrics, step=step)
+        rollout_time = self.timer.seconds.get("rollout", 0.0)
+        if self.monitor.record(kind, rollout, step, metrics, samples=samples, rollout_time=rollout_time):
+            log.info(format_line(kind, index, metrics))
 
 
 def train(config: Config, argv: list[str] | None = None, *, checked: bool = False) -> Path:

@@ -8,8 +8,9 @@ whole weights, `model_files.check_model`), `--rollout-max-response-len` against 
 `max_position_embeddings` (`check_response_length`), that every `--ci-ft-test-actions` item can
 fire (`faults.check_reachable`), every prompt file (`--prompt-data` and each
 `--eval-prompt-data NAME PATH`: readable, UTF-8 JSON lines or parquet, rows with the prompt and
-label keys) and the reward (`--custom-rm-path` imports and is callable, else `--rm-type` is
-registered). The config itself (ranges, finite numbers) was checked when it was built.
+label keys), the reward (`--custom-rm-path` imports and is callable, else `--rm-type` is
+registered) and the monitoring flags (`monitor.check_monitoring`: wandb / tensorboard import when
+asked for, `--custom-rollout-log-function-path` imports). The config itself (ranges, finite numbers) was checked when it was built.
 
 Cost: a .jsonl prompt file is parsed here and again when the run builds its dataset (GSM8K's train
 split, 4 MB and 7473 rows, takes about 0.08 s); a parquet file is only checked for its magic bytes.
@@ -24,6 +25,7 @@ from grpolab.checkers.faults import check_reachable, parse_fault_actions
 from grpolab.core.data import check_rows, prompt_file, read_rows_and_lines
 from grpolab.core.launch import check_on_this_machine
 from grpolab.core.model_files import check_model, max_position_embeddings, split_checkpoint
+from grpolab.monitor.hub import check_monitoring
 
 if TYPE_CHECKING:
     from grpolab.core.config import Config
@@ -47,6 +49,7 @@ def check_inputs(config: Config) -> None:
         check_reachable(parse_fault_actions(config.ci.ci_ft_test_actions), config.rollout.num_rollout)
     check_prompt_data(config)
     check_reward(config)
+    check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
 
 
 def check_response_length(config: Config) -> None:

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,7 @@ class RunDirectory:
         self.rank = rank
         self.mirror_events_to = None if mirror_events_to is None else Path(mirror_events_to)
         self._log_handler: logging.Handler | None = None
+        self._at_finish: list[Callable[[str], None]] = []
         self.continued = False
 
     @classmethod
@@ -232,9 +234,30 @@ class RunDirectory:
             record["error"] = error
         atomic_write_json(self.path / RANKS_DIR / f"{self.rank}.json", record)
 
+    def add_to_run_json(self, **fields: Any) -> None:
+        """Store `fields` (JSON values) in run.json, at the top level and in this start's entry of
+        "starts" (e.g. "wandb": the wandb run of this start; a later start's replaces it at the top
+        level); rank 0 only. Atomic rewrite."""
+        if self.rank != 0:
+            return
+        body = json.loads((self.path / RUN_JSON).read_text(encoding="utf-8"))
+        body.update(fields)
+        if body.get("starts"):
+            body["starts"][-1].update(fields)
+        atomic_write_json(self.path / RUN_JSON, body)
+
+    def at_finish(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(status)` in `finish`, after the status event, before console.log closes
+        (the monitoring sinks end there, however the run ends)."""
+        self._at_finish.append(callback)
+
     def finish(self, status: str, **fields: Any) -> None:
-        """Write the final `status` event (finished | failed | interrupted) and close console.log."""
+        """Write the final `status` event (finished | failed | interrupted), run the `at_finish`
+        callbacks, and close console.log."""
         self.event("status", status=status, **fields)
+        callbacks, self._at_finish = self._at_finish, []
+        for callback in callbacks:
+            callback(status)
         self.detach_console_log()
 
     # ------------------------------------------------------------------ console
