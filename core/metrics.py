@@ -86,7 +86,11 @@ def rollout_metrics(
 
 
 class PhaseTimer:
-    """Wall-clock seconds per named phase (`perf/<name>_time`), accumulated until `pop()`."""
+    """Wall-clock seconds per named phase (`perf/<name>_time`), accumulated until `pop()`.
+
+    Each phase is also a `grpolab/<name>` torch.profiler.record_function range, so that a
+    `--use-pytorch-profiler` trace names every phase (monitor/profiler.py); without a running profiler
+    the range costs a few microseconds (benchmarks/bench_profiler.py)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -95,7 +99,8 @@ class PhaseTimer:
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with torch.profiler.record_function(f"grpolab/{name}"):
+                yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 

@@ -1,0 +1,206 @@
+"""`--use-pytorch-profiler`: torch.profiler over a window of steps, one gzipped Chrome trace per window.
+
+Counting follows Miles' monitoring page (reference/miles-monitoring.md, "Built-in PyTorch profiler"):
+with `--profile-target train_overall` a step is one rollout step (the loop's iteration for rollout id
+k, its eval included) and rollouts `--profile-step-start` .. `--profile-step-end - 1` are traced
+into one trace; with `train_actor` / `train_log_probs` a step is one micro-batch of the training
+forward/backward / of the policy's log-prob forward, the index restarts at every optimizer window,
+and each window's micro-batches start .. end-1 become one trace. Micro-batches are counted by a
+forward pre-hook on the policy model (grad enabled: training; disabled: log-probs), so the actor
+needs no profiler code; a forward of the other kind or of the reference model, the optimizer step
+(train_actor) and the end of the rollout step end a micro-batch window.
+
+Phase names come from `PhaseTimer` (core/metrics.py), which opens a `grpolab/<phase>` record_function
+range around every timed phase; the loop's step adds `grpolab/rollout_step_<k>`. Outside a window no
+profiler runs: the cost is the record_function ranges and a hook call per micro-batch
+(benchmarks/bench_profiler.py measures it).
+
+Traces are `<dir>/rank<r>.<target>.rollout<k>[.window<w>].pt.trace.json.gz`, dir being
+`--tensorboard-dir` or RUN_DIR/profile; each written trace is a `profiler_trace` event (path, bytes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from grpolab.core.config.monitoring import ProfilingConfig
+
+log = logging.getLogger("grpolab")
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+"""torch's tensorboard_trace_handler suffix (gzipped Chrome trace JSON); the UI lists files by it."""
+STEP_RANGE = "grpolab/rollout_step_{}"
+"""record_function name of the loop's iteration for one rollout id."""
+
+
+def check_profiling(cfg: ProfilingConfig, *, world_size: int, num_rollout: int) -> list[str]:
+    """Check the profiler flags against this run's world; return warnings to print.
+
+    Args:
+        world_size: number of ranks of the run (1 without torchrun).
+        num_rollout: `--num-rollout`.
+
+    Raises:
+        ValueError: a `--profile-ranks` rank >= world_size (the rank does not exist).
+    """
+    if not cfg.use_pytorch_profiler:
+        return []
+    missing = [r for r in cfg.profile_ranks if r >= world_size]
+    if missing:
+        raise ValueError(
+            f"--profile-ranks {' '.join(map(str, missing))}: no such rank in a world of {world_size} "
+            f"(ranks are 0..{world_size - 1})"
+        )
+    if cfg.profile_target == "train_overall" and cfg.profile_step_start >= num_rollout:
+        return [
+            f"warning: --use-pytorch-profiler: --profile-step-start {cfg.profile_step_start} is at or past "
+            f"--num-rollout {num_rollout} (rollout ids 0..{num_rollout - 1}); nothing will be traced"
+        ]
+    return []
+
+
+def trace_dir(tensorboard_dir: str | None, run_dir: Path) -> Path:
+    """Where traces go: `--tensorboard-dir` when given, else RUN_DIR/profile (Miles monitoring page)."""
+    return Path(tensorboard_dir) if tensorboard_dir else run_dir / "profile"
+
+
+class RunProfiler:
+    """The profiler of one rank of one run; every method is a no-op when this rank is not traced.
+
+    Use: `with profiler.rollout_step(k): ...` around each loop iteration, `attach(actor)` once the
+    actor exists (micro-batch targets), `close()` when the run ends however it ends.
+    """
+
+    def __init__(
+        self,
+        cfg: ProfilingConfig,
+        out_dir: Path,
+        *,
+        rank: int,
+        cuda: bool,
+        on_trace: Callable[[Path, int], None] | None = None,
+    ) -> None:
+        """`on_trace(path, bytes)` is called for each written trace (the loop records an event)."""
+        self.cfg, self.out_dir, self.rank = cfg, out_dir, rank
+        self.enabled = cfg.use_pytorch_profiler and (not cfg.profile_ranks or rank in cfg.profile_ranks)
+        self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self.on_trace = on_trace
+        self._prof: profile | None = None
+        self._name = ""
+        self._rollout_id = -1
+        self._counts = {True: 0, False: 0}  # micro-batches seen this rollout, by grad mode
+        self._per_window = 1
+        self._hooks: list[Any] = []
+
+    @classmethod
+    def for_run(cls, config: Any, run_dir: Any, rank: int) -> RunProfiler:
+        """The profiler of a run (`config`: core.config.Config; `run_dir`: rundir.writer.RunDirectory,
+        which gets a `profiler_trace` event per trace)."""
+        return cls(
+            config.profiling,
+            trace_dir(config.monitoring.tensorboard_dir, run_dir.path),
+            rank=rank,
+            cuda=torch.device(config.model.device).type == "cuda",
+            on_trace=lambda path, size: run_dir.event("profiler_trace", path=str(path), bytes=size),
+        )
+
+    def attach_actor(self, actor: Any) -> None:
+        """Count the micro-batches of `actor` (core.actor.Actor; None without a trainer)."""
+        if actor is None:
+            return
+        micro = actor.opt_cfg.micro_batch_size
+        self.attach(actor.model, actor.ref_model, per_window=-(-actor.local_batch_size // micro))
+        self.attach_optimizer(actor.optimizer)
+
+    # ------------------------------------------------------------------ session
+    def _start(self, name: str) -> None:
+        self._prof = profile(
+            activities=self.activities,
+            record_shapes=self.cfg.pytorch_profiler_collect_shapes,
+            with_stack=self.cfg.pytorch_profiler_collect_callstack,
+        )
+        self._name = name
+        self._prof.start()
+
+    def _stop(self) -> None:
+        """Stop the running session, if any, and write its gzipped Chrome trace."""
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        prof.stop()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"rank{self.rank}.{self._name}{TRACE_SUFFIX}"
+        prof.export_chrome_trace(str(path))  # torch gzips a path ending in .gz
+        size = path.stat().st_size
+        log.info(f"profiler: wrote {path} ({size / 1e6:.1f} MB)")
+        if self.on_trace is not None:
+            self.on_trace(path, size)
+
+    # ------------------------------------------------------------------ rollout steps
+    @contextmanager
+    def rollout_step(self, rollout_id: int) -> Iterator[None]:
+        """Around the loop's iteration for `rollout_id` (its eval, then its step)."""
+        if not self.enabled:
+            yield
+            return
+        self._rollout_id = rollout_id
+        self._counts = {True: 0, False: 0}
+        overall = self.cfg.profile_target == "train_overall"
+        start, end = self.cfg.profile_step_start, self.cfg.profile_step_end
+        if overall and start <= rollout_id < end and self._prof is None:
+            self._start(f"train_overall.rollout{rollout_id}")
+        try:
+            with record_function(STEP_RANGE.format(rollout_id)):
+                yield
+        finally:
+            if not overall or rollout_id >= end - 1:
+                self._stop()
+
+    # ------------------------------------------------------------------ micro-batches
+    def attach(self, model: torch.nn.Module, ref_model: torch.nn.Module | None, *, per_window: int) -> None:
+        """Count micro-batches of `model` (train_actor / train_log_probs targets; no-op otherwise).
+
+        Args:
+            per_window: micro-batches of one optimizer window, ceil(local batch / --micro-batch-size);
+                the micro-batch index is the count since the rollout began modulo this.
+        """
+        if not self.enabled or self.cfg.profile_target == "train_overall":
+            return
+        self._per_window = max(per_window, 1)
+        self._hooks.append(
+            model.register_forward_pre_hook(lambda *_: self._micro_batch(torch.is_grad_enabled()))
+        )
+        if ref_model is not None:
+            self._hooks.append(ref_model.register_forward_pre_hook(lambda *_: self._stop()))
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
+        """End a train_actor window at its optimizer step (no-op for the other targets)."""
+        if self.enabled and optimizer is not None and self.cfg.profile_target == "train_actor":
+            self._hooks.append(optimizer.register_step_post_hook(lambda *_: self._stop()))
+
+    def _micro_batch(self, training: bool) -> None:
+        """A forward of the policy model begins: start or stop a window at this micro-batch."""
+        if training != (self.cfg.profile_target == "train_actor"):
+            self._stop()  # the other kind of forward: the target's loop is over
+            return
+        count = self._counts[training]
+        self._counts[training] = count + 1
+        window, index = divmod(count, self._per_window)
+        if index == self.cfg.profile_step_end or index == 0:
+            self._stop()
+        if index == self.cfg.profile_step_start and self._prof is None:
+            self._start(f"{self.cfg.profile_target}.rollout{self._rollout_id}.window{window}")
+
+    def close(self) -> None:
+        """Write a trace still running (the run ended inside the window) and remove the hooks."""
+        self._stop()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []

@@ -1,0 +1,86 @@
+"""--use-pytorch-profiler on the tiny model: the traces are real Chrome-trace JSON holding the grpolab phase
+ranges of exactly the asked window; a rank outside the world is exit 2 naming the flag."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from runs import SHORT, events
+
+from grpolab.cli import main
+from grpolab.monitor.profiler import STEP_RANGE, TRACE_SUFFIX
+
+
+def _ranges(path: Path) -> list[dict]:
+    """The trace's grpolab/ complete events ("ph": "X"), read with json from the gzipped file."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        trace = json.load(f)
+    return [
+        e for e in trace["traceEvents"] if e.get("ph") == "X" and str(e.get("name")).startswith("grpolab/")
+    ]
+
+
+def _train(run_dir: Path, *extra: str) -> int:
+    return main(["train", *SHORT, "--run-dir", str(run_dir), *extra])
+
+
+def test_train_overall_traces_exactly_rollout_1(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    window = ["--profile-step-start", "1", "--profile-step-end", "2"]
+    assert _train(run_dir, "--num-rollout", "3", "--use-pytorch-profiler", *window) == 0
+    traces = sorted((run_dir / "profile").glob(f"*{TRACE_SUFFIX}"))
+    assert [p.name for p in traces] == [f"rank0.train_overall.rollout1{TRACE_SUFFIX}"]
+    ranges = _ranges(traces[0])
+    names = [e["name"] for e in ranges]
+    assert [n for n in names if n.startswith("grpolab/rollout_step_")] == [STEP_RANGE.format(1)]
+    for phase in ("rollout", "log_probs", "ref_log_probs", "actor_train", "update_weights"):
+        assert names.count(f"grpolab/{phase}") == 1, (phase, names)  # one rollout step's phases
+    assert "grpolab/reward" in names  # rewards are timed in two parts (core/rollout.py)
+    step = next(e for e in ranges if e["name"] == STEP_RANGE.format(1))
+    for e in ranges:  # every phase lies inside rollout 1's iteration (µs timestamps)
+        assert step["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"] + 1, e["name"]
+    # the trace is an event with its size, for the UI
+    (event,) = events(run_dir, "profiler_trace")
+    assert event["path"] == str(traces[0]) and event["bytes"] == traces[0].stat().st_size
+
+
+def test_train_actor_traces_micro_batches_per_window(tmp_path: Path) -> None:
+    """2 prompts × 2 answers = 4 samples, --micro-batch-size 1: 4 micro-batches in one optimizer window;
+    micro-batches 1..2 traced, so two training forwards and no log-prob forward in the trace."""
+    run_dir = tmp_path / "run"
+    flags = ["--use-pytorch-profiler", "--profile-target", "train_actor", "--micro-batch-size", "1"]
+    flags += [
+        "--profile-step-start",
+        "1",
+        "--profile-step-end",
+        "3",
+        "--tensorboard-dir",
+        str(tmp_path / "tb"),
+    ]
+    assert _train(run_dir, "--num-rollout", "1", *flags) == 0
+    traces = sorted((tmp_path / "tb").glob(f"*{TRACE_SUFFIX}"))
+    assert [p.name for p in traces] == [f"rank0.train_actor.rollout0.window0{TRACE_SUFFIX}"]
+    with gzip.open(traces[0], "rt", encoding="utf-8") as f:
+        ops = [e.get("name") for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    # two micro-batches: two forwards (one embedding lookup each), each with its backward
+    assert ops.count("aten::embedding") == 2
+    assert ops.count("autograd::engine::evaluate_function: EmbeddingBackward0") == 2
+    assert not (run_dir / "profile").exists()  # --tensorboard-dir replaces RUN_DIR/profile
+
+
+def test_profile_rank_outside_world_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = _train(tmp_path / "run", "--use-pytorch-profiler", "--profile-ranks", "0", "3")
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--profile-ranks 3: no such rank in a world of 1" in err
+    assert "Traceback" not in err
+
+
+def test_window_past_num_rollout_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="grpolab")
+    assert _train(tmp_path / "run", "--use-pytorch-profiler") == 0  # default window 10..11, 2 rollouts
+    assert "--profile-step-start 10 is at or past --num-rollout 2" in caplog.text
+    assert not (tmp_path / "run" / "profile").exists()
