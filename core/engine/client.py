@@ -8,8 +8,13 @@ failure shorter than `failure_timeout` seconds (`--engine-failure-timeout`, defa
 tolerated; a longer one raises `EngineDeadError`, naming the engine, how long it failed, the last
 error and the engine's last log lines.
 
-An `EngineGoneError` (the engine's process exited: nothing can recover) raises `EngineDeadError` at
-once. Errors that describe the request rather than the engine (`ValueError`, `KeyError`, `TypeError`: an
+The failure is timed from the start of the call that failed, so a call that hung until its own
+timeout counts in full: an engine that accepts a request and never answers stops the run within
+`failure_timeout` (plus one call's timeout, which `HttpEngine` caps at it), not after a retry on top.
+
+An `EngineGoneError` (the engine's process exited, or it stopped answering: nothing can recover)
+raises `EngineDeadError` at once, its message starting `rollout engine '<name>' is gone: ` and what
+went (the log doctor's `engine_gone` verdict reads that prefix). Errors that describe the request rather than the engine (`ValueError`, `KeyError`, `TypeError`: an
 empty prompt, an unknown tensor name, a shape mismatch) are raised at once, unchanged: repeating
 the same request cannot fix them.
 """
@@ -47,33 +52,52 @@ LOG_TAIL_LINES = 10
 
 
 class EngineGoneError(RuntimeError):
-    """The engine cannot come back (e.g. the process grpolab launched for it exited): `EngineClient`
-    raises `EngineDeadError` at once instead of waiting out `--engine-failure-timeout`."""
+    """The engine cannot come back (the process grpolab launched for it exited, or it has not answered for
+    `--engine-failure-timeout` seconds): `EngineClient` raises `EngineDeadError` at once. The message says
+    what went, e.g. "engine 0 (http://127.0.0.1:P) exited (killed by SIGKILL)"."""
 
 
 class EngineDeadError(RuntimeError):
     """The rollout engine failed for longer than `--engine-failure-timeout` seconds.
 
+    The message is "rollout engine '<name>' failed for S s (--engine-failure-timeout T), ...; last error:
+    ..." or, for an engine that is gone (`gone=True`), "rollout engine '<name>' is gone: <what went>";
+    then "last engine log lines:" and the lines.
+
     Attributes:
         engine_name: the engine's `name`.
-        failed_for: seconds from the first failure to giving up.
-        last_error: the last exception a call or health check raised, or the last not-ok health.
+        failed_for: seconds from the start of the first failed call to giving up.
+        last_error: the last exception a call or health check raised, or the last not-ok health; for a
+            gone engine, what went (the `EngineGoneError`'s message).
         log_tail: the engine's last log lines, oldest first.
+        gone: the engine cannot come back (an `EngineGoneError`), so no retry was tried.
     """
 
     def __init__(
-        self, engine_name: str, failed_for: float, timeout: float, last_error: str, log_tail: list[str]
+        self,
+        engine_name: str,
+        failed_for: float,
+        timeout: float,
+        last_error: str,
+        log_tail: list[str],
+        *,
+        gone: bool = False,
     ) -> None:
         self.engine_name = engine_name
         self.failed_for = failed_for
         self.last_error = last_error
         self.log_tail = log_tail
+        self.gone = gone
         tail = "\n".join(f"  {line}" for line in log_tail) if log_tail else "  (the engine logged nothing)"
-        super().__init__(
-            f"rollout engine {engine_name!r} failed for {failed_for:.1f} s "
-            f"(--engine-failure-timeout {timeout:g}), the run stops instead of retrying forever; "
-            f"last error: {last_error}\nlast engine log lines:\n{tail}"
-        )
+        if gone:
+            head = f"rollout engine {engine_name!r} is gone: {last_error}"
+        else:
+            head = (
+                f"rollout engine {engine_name!r} failed for {failed_for:.1f} s "
+                f"(--engine-failure-timeout {timeout:g}), the run stops instead of retrying forever; "
+                f"last error: {last_error}"
+            )
+        super().__init__(f"{head}\nlast engine log lines:\n{tail}")
 
 
 class EngineClient:
@@ -161,20 +185,21 @@ class EngineClient:
         """Run `fn`; on an engine failure wait for health ok and repeat, until `failure_timeout`."""
         first_failure: float | None = None
         while True:
+            started = self._clock()
             try:
                 result = fn()
             except REQUEST_ERRORS:
                 raise
             except EngineGoneError as e:
-                failed_for = 0.0 if first_failure is None else self._clock() - first_failure
+                failed_for = self._clock() - (started if first_failure is None else first_failure)
                 raise EngineDeadError(
-                    self.name, failed_for, self.failure_timeout, f"{what} raised {_describe(e)}",
-                    self.log_tail(LOG_TAIL_LINES),
+                    self.name, failed_for, self.failure_timeout, f"{e} (during {what}; it cannot come back)",
+                    self.log_tail(LOG_TAIL_LINES), gone=True,
                 ) from None  # fmt: skip
             except Exception as e:
                 last_error = f"{what} raised {_describe(e)}"
                 if first_failure is None:
-                    first_failure = self._clock()
+                    first_failure = started  # a call that hung until its timeout failed from its start
                     log.warning(
                         f"rollout engine {self.name!r}: {last_error}; waiting up to "
                         f"{self.failure_timeout:g} s (--engine-failure-timeout) for it to recover"

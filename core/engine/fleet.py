@@ -11,7 +11,8 @@ API (`POST /workers {"url"}`, an async job; `GET /workers` lists it once registe
 No orphan survives the trainer: every child starts in its own session (one process group, so
 `close` ends the engine and anything it started) and with the Linux parent-death signal set to
 SIGKILL, so even a SIGKILLed trainer takes its fleet with it. `close` (idempotent; also registered
-with `atexit`) sends SIGTERM to each group, waits `STOP_GRACE_S`, then SIGKILLs what is left.
+with `atexit`) sends SIGTERM (and SIGCONT, for a stopped one) to each group, waits `STOP_GRACE_S`,
+then SIGKILLs what is left.
 """
 
 from __future__ import annotations
@@ -221,6 +222,7 @@ class Fleet:
         procs = [p.proc for p in (self.router, *self.engines)]
         for proc in procs:
             _signal_group(proc, signal.SIGTERM)
+            _signal_group(proc, signal.SIGCONT)  # a stopped (hung) process acts on SIGTERM once resumed
         deadline = time.monotonic() + STOP_GRACE_S
         for proc in procs:
             try:

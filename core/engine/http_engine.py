@@ -21,6 +21,9 @@ retries until `--engine-failure-timeout`. Before each rollout every engine must 
 `/health_generate` (Miles' health monitor); while requests run, an engine process of the fleet that
 exits fails the call at once instead of waiting for the request timeout, and since a launched process
 cannot come back, as `client.EngineGoneError`: the run fails at once, not after --engine-failure-timeout.
+No health, control or info call waits longer than --engine-failure-timeout, and while /generate
+requests run (legitimately long) `liveness.LivenessWatch` probes every engine's `/health`: one that has
+not answered for --engine-failure-timeout seconds is hung, and fails the call as gone (named, with its URL).
 """
 
 from __future__ import annotations
@@ -46,15 +49,17 @@ from grpolab.core.engine.base import (
 from grpolab.core.engine.client import EngineGoneError
 from grpolab.core.engine.fleet import Fleet, log_tail
 from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError, call_json
+from grpolab.core.engine.liveness import LivenessWatch
 from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer, parse_mismatches, request_rid
 
 log = logging.getLogger("grpolab")
 
 CONTROL_TIMEOUT_S = 120.0
-"""Seconds a control call (weights, memory, cache, checker) may take (grpolab's: a bucket of
-SmolLM2-135M loads in < 1 s on CPU; a hung engine fails within this, then --engine-failure-timeout)."""
+"""Seconds a control call (weights, memory, cache, checker) may take, at most --engine-failure-timeout
+(grpolab's: a bucket of SmolLM2-135M loads in < 1 s on CPU)."""
 HEALTH_TIMEOUT_S = 20.0
-"""Seconds `/health_generate` may take: SGLang's own SGLANG_HEALTH_CHECK_TIMEOUT (20 s)."""
+"""Seconds `/health_generate` or `/server_info` may take, at most --engine-failure-timeout: SGLang's own
+SGLANG_HEALTH_CHECK_TIMEOUT (20 s)."""
 MAX_IN_FLIGHT = 256
 """Concurrent /generate requests per call (threads; the in-process engine's max batch is 256 too)."""
 GATHER_TIMEOUT_S = 30.0
@@ -89,15 +94,29 @@ class HttpEngine:
         engine_urls: each engine's "http://HOST:PORT" (control calls, health, sampling-mask requests).
         fleet: the processes grpolab launched (None for an already running fleet: left running at close).
         request_timeout_s: seconds one /generate request may take (`--sglang-router-request-timeout-secs`).
+        failure_timeout_s: `--engine-failure-timeout`: the longest any other call may wait, and how long
+            an engine may leave `/health` unanswered while its requests run before it counts as hung.
+
+    Raises:
+        ValueError: no engine URL, or a non-positive `failure_timeout_s`.
     """
 
     def __init__(
-        self, *, router_url: str, engine_urls: list[str], fleet: Fleet | None, request_timeout_s: float
+        self,
+        *,
+        router_url: str,
+        engine_urls: list[str],
+        fleet: Fleet | None,
+        request_timeout_s: float,
+        failure_timeout_s: float = 60.0,
     ) -> None:
         if not engine_urls:
             raise ValueError(f"the router at {router_url} has no engines registered (GET /workers is empty)")
+        if not failure_timeout_s > 0:
+            raise ValueError(f"--engine-failure-timeout must be > 0 seconds, got {failure_timeout_s}")
         self.router_url, self.engine_urls, self.fleet = router_url, list(engine_urls), fleet
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s, self.failure_timeout_s = request_timeout_s, failure_timeout_s
+        self._watch: LivenessWatch | None = None  # while /generate requests run
         self.weight_version = 0
         self.memory_released = False
         self._stopped: str | None = None
@@ -168,15 +187,19 @@ class HttpEngine:
                 for f in done:
                     if (error := f.exception()) is not None:
                         if isinstance(error, HttpCallError):  # nothing answered: a dead engine first
-                            self._check_processes(grace_s=EXIT_GRACE_S)
+                            self._check_processes(grace_s=EXIT_GRACE_S, answer=error)
                         raise error
                 self._check_processes()
+                self._watch_liveness()
             return [f.result() for f in futures]
         finally:
+            self._end_watch()
             if gate:  # failed while holding: let the engines generate again
                 for url in self.engine_urls:
                     try:
-                        call_json("POST", url + "/continue_generation", {}, timeout=HEALTH_TIMEOUT_S)
+                        call_json(
+                            "POST", url + "/continue_generation", {}, timeout=self._cap(HEALTH_TIMEOUT_S)
+                        )
                     except (HttpCallError, ValueError):
                         pass
             pool.shutdown(wait=False, cancel_futures=True)
@@ -189,7 +212,7 @@ class HttpEngine:
             self._check_processes()
             queued = 0
             for url in self.engine_urls:
-                info = call_json("GET", url + "/server_info", None, timeout=HEALTH_TIMEOUT_S) or {}
+                info = call_json("GET", url + "/server_info", None, timeout=self._cap(HEALTH_TIMEOUT_S)) or {}
                 states = info.get("internal_states") or [{}]
                 queued += int(states[0].get("waiting_requests", 0))
             if queued >= n:
@@ -254,7 +277,9 @@ class HttpEngine:
         mismatches: list[TensorMismatch] = []
         for i, url in enumerate(self.engine_urls):
             try:
-                call_json("POST", url + "/weights_checker", {"action": action}, timeout=CONTROL_TIMEOUT_S)
+                call_json(
+                    "POST", url + "/weights_checker", {"action": action}, timeout=self._cap(CONTROL_TIMEOUT_S)
+                )
             except EngineRequestError as e:
                 if action != "compare" or "differ from the snapshot" not in str(e):
                     raise
@@ -267,10 +292,12 @@ class HttpEngine:
         self._check_processes()
         for i, url in enumerate(self.engine_urls):
             try:
-                call_json("GET", url + "/health_generate", None, timeout=HEALTH_TIMEOUT_S)
+                call_json("GET", url + "/health_generate", None, timeout=self._cap(HEALTH_TIMEOUT_S))
             except (HttpCallError, EngineRequestError) as e:
                 self._suspect = i
-                self._check_processes(grace_s=EXIT_GRACE_S)
+                self._check_processes(
+                    grace_s=EXIT_GRACE_S, answer=e if isinstance(e, HttpCallError) else None
+                )
                 raise RuntimeError(f"engine {i} ({url}) failed its health check: {e}") from None
 
     def health(self) -> EngineHealth:
@@ -313,9 +340,29 @@ class HttpEngine:
         if self._stopped:
             raise RuntimeError(f"the engines were stopped: {self._stopped}")
 
-    def _check_processes(self, grace_s: float = 0.0) -> None:
+    def _cap(self, timeout_s: float) -> float:
+        """`timeout_s`, at most --engine-failure-timeout: no call may wait longer than a dead engine may."""
+        return min(timeout_s, self.failure_timeout_s)
+
+    def _watch_liveness(self) -> None:
+        """While /generate requests run: probe the engines' /health (`LivenessWatch`), raise for a hung one."""
+        if self._watch is None:
+            self._watch = LivenessWatch(self.engine_urls, failure_timeout=self.failure_timeout_s)
+        try:
+            self._watch.check()
+        except EngineGoneError:
+            self._suspect = self._watch.hung
+            raise
+
+    def _end_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    def _check_processes(self, grace_s: float = 0.0, answer: HttpCallError | None = None) -> None:
         """EngineGoneError naming the first fleet process that exited (grpolab-launched fleets only);
-        with `grace_s`, wait up to that many seconds for one to exit (after a failed call)."""
+        with `grace_s`, wait up to that many seconds for one to exit (after a failed call, whose error
+        `answer` is then quoted as what the router or engine answered)."""
         if self.fleet is None:
             return
         deadline = time.monotonic() + grace_s
@@ -326,15 +373,24 @@ class HttpEngine:
         if dead:
             if dead[0] in self.fleet.engines:
                 self._suspect = self.fleet.engines.index(dead[0])
-            raise EngineGoneError(dead[0].describe_exit())
+            raise EngineGoneError(dead[0].describe_exit() + self._answer_note(answer))
+
+    def _answer_note(self, error: HttpCallError | None) -> str:
+        """ "; the router answered HTTP 502: ..." (or "did not answer") for a gone engine's message."""
+        if error is None:
+            return ""
+        who = "the router" if error.url.startswith(self.router_url + "/") else f"{error.url}"
+        if error.status is None:
+            return f"; {who} did not answer ({error.text})"
+        return f"; {who} answered HTTP {error.status}: {error.text}"
 
     def _each_engine(self, method: str, path: str, body: object) -> list[object]:
         answers = []
         for i, url in enumerate(self.engine_urls):
             try:
-                answers.append(call_json(method, url + path, body, timeout=CONTROL_TIMEOUT_S))
-            except HttpCallError:
+                answers.append(call_json(method, url + path, body, timeout=self._cap(CONTROL_TIMEOUT_S)))
+            except HttpCallError as e:
                 self._suspect = i
-                self._check_processes(grace_s=EXIT_GRACE_S)
+                self._check_processes(grace_s=EXIT_GRACE_S, answer=e)
                 raise
         return answers

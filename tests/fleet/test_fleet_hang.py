@@ -1,0 +1,61 @@
+"""A hung engine (SIGSTOPped: the kernel still accepts its connections, nothing answers) ends the run within
+--engine-failure-timeout, like a dead one, through the real sglang-router."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpolab.diagnose.common.procfs import proc_children
+from grpolab.rundir.reader import read_events
+
+SMALL = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--no-progress"]
+TIMEOUT_S = 5
+
+
+@pytest.mark.slow
+def test_a_sigstopped_engine_fails_the_run_within_the_failure_timeout(tmp_path: Path) -> None:
+    """Before: 62.7 s at --engine-failure-timeout 10 (fixed 20 s / 120 s call timeouts, a /generate waiting
+    the 600 s request timeout, and the failure timed from when the hung call returned)."""
+    run = tmp_path / "hung"
+    argv = [sys.executable, "-m", "grpolab", "train", "--run-dir", str(run), *SMALL, "--num-rollout", "30"]
+    argv += ["--rollout-num-engines", "1", "--engine-failure-timeout", str(TIMEOUT_S)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    engine = None
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        fleet = proc_children(proc.pid)
+        engines = [p for p in fleet if b"serve" in (Path("/proc") / str(p) / "cmdline").read_bytes()]
+        assert len(engines) == 1, fleet
+        engine = engines[0]
+        os.kill(engine, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        seconds = time.monotonic() - stopped
+    finally:
+        if engine is not None:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(engine, sig)
+                except ProcessLookupError:
+                    pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err[-3000:]
+    # the hung call's timeout (or the /health watch) is the failure timeout; then the trainer's stop and
+    # the router's graceful shutdown (~3-6 s on 2 busy cores)
+    assert seconds < TIMEOUT_S + 10, (seconds, err[-3000:])
+    url = (run / "engines" / "0.log").read_text().split("listening on ", 1)[1].split()[0]
+    assert url in err and "rollout engine 'sglang fleet (1 engine behind" in err, err[-3000:]
+    status = [e for e in read_events(run) if e.get("event") == "status" or e.get("type") == "status"]
+    assert status and status[-1].get("status") == "failed", status
