@@ -90,11 +90,21 @@ def sglang_engine(config: Config) -> RolloutEngine:
         )
         urls = [e.url for e in fleet.engines]
         return HttpEngine(
-            router_url=fleet.router_url, engine_urls=urls, fleet=fleet, request_timeout_s=timeout
+            router_url=fleet.router_url,
+            engine_urls=urls,
+            fleet=fleet,
+            request_timeout_s=timeout,
+            failure_timeout_s=rollout.engine_failure_timeout,
         )
     router = f"http://{rollout.sglang_router_ip}:{rollout.sglang_router_port}"
     urls = running_fleet_engines(router, model.hf_checkpoint)
-    return HttpEngine(router_url=router, engine_urls=urls, fleet=None, request_timeout_s=timeout)
+    return HttpEngine(
+        router_url=router,
+        engine_urls=urls,
+        fleet=None,
+        request_timeout_s=timeout,
+        failure_timeout_s=rollout.engine_failure_timeout,
+    )
 
 
 def running_fleet_engines(router: str, checkpoint: str) -> list[str]:
