@@ -21,6 +21,7 @@ import atexit
 import ctypes
 import importlib.util
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -42,6 +43,7 @@ which is why an already running fleet can be used with --sglang-router-ip instea
 STOP_GRACE_S = 10.0
 """Seconds between SIGTERM and SIGKILL at teardown (the router's graceful shutdown takes ~2 s)."""
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PROBLEM = re.compile(r"\b(ERROR|WARN)\b")  # sglang-router's level words (tests/diagnose/router_logs/)
 
 
 class FleetError(RuntimeError):
@@ -117,6 +119,14 @@ class FleetProcess:
                 return f.read().decode(errors="replace").splitlines()
         except OSError:
             return []
+
+    def problems_about(self, url: str, n: int) -> list[str]:
+        """The last `n` ERROR/WARN lines this process logged that name `url` (ANSI colours removed): the
+        router's lines that explain why an engine failed (e.g. "Failed to send typed request worker_url=URL",
+        "HTTP health check failed for URL/health")."""
+        mentions = re.compile(re.escape(url) + r"(?!\d)")  # not :3000 inside :30001
+        lines = (_strip_ansi(line) for line in self.new_log_lines())
+        return [line for line in lines if _PROBLEM.search(line) and mentions.search(line)][-n:]
 
     def exited(self) -> int | None:
         """The exit code once the process has ended, else None."""

@@ -313,14 +313,17 @@ class HttpEngine:
         return EngineHealth(ok=True, weight_version=self.weight_version, memory_released=self.memory_released)
 
     def log_tail(self, n: int = 20) -> list[str]:
-        """The last log lines of the engine that failed (else engine 0) and of the router."""
+        """The last log lines of the engine that failed (else engine 0), then the router's last 3 ERROR/WARN
+        lines about that engine's URL (what explains the failure), then the router's last 3 lines."""
         if self.fleet is None:
             return [
                 f"(an already running fleet: the engines' logs are where they run; router {self.router_url})"
             ]
         i = self._suspect or 0
         engine = self.fleet.engines[i]
-        router = [f"[router.log] {line}" for line in log_tail(self.fleet.router.log_path, 3)]
+        about = self.fleet.router.problems_about(engine.url, 3) if engine.url else []
+        last = [line for line in log_tail(self.fleet.router.log_path, 3) if line not in about]
+        router = [f"[router.log] {line}" for line in about + last]
         lines = [f"[engines/{i}.log] {line}" for line in log_tail(engine.log_path, max(1, n - len(router)))]
         return lines + router
 
