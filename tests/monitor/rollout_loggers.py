@@ -1,0 +1,38 @@
+"""Custom rollout loggers the monitoring tests pass as --custom-rollout-log-function-path
+`rollout_loggers.<name>` (tests/monitor is on sys.path under pytest)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+CALLS: list[dict[str, Any]] = []
+"""One entry per call of `keep` / `replace`: what the logger was given."""
+
+
+def _note(rollout_id: int, args: Any, samples: list, extra: dict, rollout_time: float) -> None:
+    CALLS.append(
+        {
+            "rollout_id": rollout_id,
+            "rollout_batch_size": args.rollout_batch_size,
+            "rewards": [s.reward for s in samples],
+            "extra": extra,
+            "rollout_time": rollout_time,
+        }
+    )
+
+
+def keep(rollout_id: int, args: Any, samples: list, extra: dict, rollout_time: float) -> bool:
+    """Miles' example shape: log elsewhere, keep the default logging."""
+    _note(rollout_id, args, samples, extra, rollout_time)
+    return False
+
+
+async def replace(rollout_id: int, args: Any, samples: list, extra: dict, rollout_time: float) -> bool:
+    """An async logger that replaces the default rollout logging."""
+    _note(rollout_id, args, samples, extra, rollout_time)
+    return True
+
+
+def boom(rollout_id: int, args: Any, samples: list, extra: dict, rollout_time: float) -> bool:
+    """Raises at rollout 0."""
+    raise KeyError(f"no statsd at rollout {rollout_id}")
