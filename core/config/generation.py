@@ -105,8 +105,9 @@ class RolloutConfig:
     """Launch this many `grpolab serve` engine servers plus the real sglang-router for the run (logs in
     RUN_DIR/engines/<i>.log and RUN_DIR/router.log; all ended when the run ends); 0 = in-process engine."""
     sglang_router_ip: str | None = None
-    """Use the already running router (and its registered SGLang engines) at this address instead of
-    launching any; needs --sglang-router-port."""
+    """Use the already running router (and its registered SGLang engines) at this host instead of
+    launching any; needs --sglang-router-port. A bare host name or address, as Miles takes it
+    (`10.0.0.5`, `router.local`): a URL (`http://...`) or a `host:port` is refused."""
     sglang_router_port: int | None = None
     """Port of the router at --sglang-router-ip, or of the router --rollout-num-engines launches
     (default: a free port)."""
@@ -154,9 +155,14 @@ class RolloutConfig:
             not (self.rollout_num_engines and self.sglang_router_ip is not None),
             "--rollout-num-engines launches engines and a router; --sglang-router-ip uses running ones: pass one",
         )
+        ip = self.sglang_router_ip
         require(
-            self.sglang_router_ip is None or self.sglang_router_port is not None,
-            "--sglang-router-ip needs --sglang-router-port",
+            ip is None or not ("/" in ip or " " in ip or ip.count(":") == 1),  # IPv6 has 2+ colons
+            f"--sglang-router-ip takes a bare host name or address, as Miles does (e.g. 10.0.0.5), not a URL "
+            f"or host:port: got {ip!r} (grpolab adds http://; the port goes in --sglang-router-port)",
+        )
+        require(
+            ip is None or self.sglang_router_port is not None, "--sglang-router-ip needs --sglang-router-port"
         )
         port = self.sglang_router_port
         require(

@@ -102,11 +102,20 @@ def test_parse_mismatches_reads_the_servers_compare_message() -> None:
         ({"rollout_num_engines": -1}, "--rollout-num-engines must be >= 0"),
         ({"rollout_num_engines": 1, "sglang_router_ip": "h", "sglang_router_port": 1}, "pass one"),
         ({"rollout_num_engines": 1, "sglang_router_port": 70000}, "1..65535"),
+        # was "http://http://host:port": a bare host, as Miles takes it
+        ({"sglang_router_ip": "http://h", "sglang_router_port": 1}, "--sglang-router-ip takes a bare host"),
+        ({"sglang_router_ip": "http://[::1]", "sglang_router_port": 1}, "not a URL or host:port"),
+        ({"sglang_router_ip": "h:30000", "sglang_router_port": 1}, "got 'h:30000'"),
     ],
 )
 def test_server_flags_that_disagree_are_flag_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RolloutConfig(**kwargs)
+
+
+def test_a_bare_router_host_or_address_is_accepted() -> None:
+    for host in ("10.0.0.5", "router.local", "::1"):
+        assert RolloutConfig(sglang_router_ip=host, sglang_router_port=30000).sglang_router_ip == host
 
 
 def test_server_flags_imply_the_sglang_engine_and_refuse_train_only(tmp_path) -> None:
