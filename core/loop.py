@@ -27,6 +27,7 @@ from grpolab.checkers.harness import CheckHarness
 from grpolab.core import checkpoint
 from grpolab.core.actor import LogProbs
 from grpolab.core.batch import Sample
+from grpolab.core.central_rollout import join_weight_sync, joins_engine_of_rank_zero
 from grpolab.core.config import Config
 from grpolab.core.dist import DistContext, all_gather_objects, shutdown
 from grpolab.core.engine.base import ReportsStats, Stoppable, capability
@@ -46,9 +47,9 @@ from grpolab.core.run_end import close_engine, end_run_with_error
 from grpolab.core.startup import build_parts, open_run, resume
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
+from grpolab.monitor import open_monitor
 from grpolab.monitor.memory import MemoryRecorder, check_memory_recorder
 from grpolab.monitor.profiler import RunProfiler, check_profiling
-from grpolab.monitor import open_monitor
 from grpolab.replay.paths import eval_rollout_id
 from grpolab.rundir.writer import RunDirectory
 
@@ -92,6 +93,7 @@ class GRPORun:
         # every rollout/sync/eval call goes through the engine's client (fails after --engine-failure-timeout)
         self.engine, self.actor, self.colocation = parts.engine, parts.actor, parts.colocation
         self.producer, self.recorder = parts.producer, parts.recorder
+        self.joins_sync = joins_engine_of_rank_zero(config, self.dist)  # central_rollout.py
         self.profiler = RunProfiler.for_run(config, run_dir, self.dist.rank)  # --use-pytorch-profiler
         self.profiler.attach_actor(self.actor)
         self.memory = MemoryRecorder.for_run(config, run_dir, self.dist.rank)  # --record-memory-history
@@ -148,7 +150,10 @@ class GRPORun:
             log.info(f"grpolab train: run directory {self.run_dir.path}")
             if self.state.resumed and self.state.next_rollout_id >= cfg.rollout.num_rollout:
                 return self._nothing_left()
-            self.harness.first_sync(self.engine, self._sync_weights, resumed=self.state.resumed)
+            if self.joins_sync:  # rank 0 checks its engine's weights (--ci-test); this rank only gathers
+                self._sync_weights()
+            else:
+                self.harness.first_sync(self.engine, self._sync_weights, resumed=self.state.resumed)
             self.run_dir.event("startup_sync", **self.timer.pop())
             ids = planned_rollout_ids(
                 self.state.next_rollout_id, cfg.rollout.num_rollout, cfg.debug.debug_exit_after_rollout
@@ -382,14 +387,18 @@ class GRPORun:
         return [x for part in all_gather_objects(items, self.dist) for x in part]
 
     def _sync_weights(self) -> None:
-        """Send the trainer's weights to the engine as the next weight version (one bucket at a time)."""
-        if self.engine is None or self.actor is None:
+        """Send the trainer's weights to the engine as the next weight version (one bucket at a time);
+        a rank without the engine of a multi-rank server run joins rank 0's gathers instead."""
+        if (self.engine is None and not self.joins_sync) or self.actor is None:
             return  # rollout-only or train-only: one side is missing, nothing to sync
         if self.cfg.debug.debug_skip_weight_update:
             self.run_dir.event("weight_update_skipped", weight_version=self.state.weight_version)
             return
         with self.timer("update_weights"):
             version = self.state.weight_version + 1
+            if self.engine is None:  # rank 0's engine echoes the version, or rank 0 fails the run
+                self.state.weight_version = self.state.engine_version = join_weight_sync(self.actor, version)
+                return
             buffer = self.cfg.colocate.update_weight_buffer_size
             stats = sync_weights(
                 self.actor.named_weights(), self.engine, weight_version=version, buffer_bytes=buffer

@@ -8,7 +8,8 @@ The loop calls three phases per rollout id, in order:
   start id on): scored as live, compared with the recording (inject.compare_rollouts), and the
   recording handed back instead;
 - `advantages`: GRPO advantages from the rewards (recomputed on replay and inject, as Miles).
-Each phase works on this rank's contiguous share of the rollout. Before the first rollout,
+Each phase works on this rank's contiguous share of the rollout (on a multi-rank server run rank 0
+generates the whole rollout and sends each rank its share: central_rollout.py). Before the first rollout,
 `check_recordings` checks every recording the run will replay or inject (`planned_rollout_ids`).
 """
 
@@ -21,6 +22,7 @@ import torch
 
 from grpolab.core import algorithms, rewards
 from grpolab.core.batch import Sample
+from grpolab.core.central_rollout import broadcast_samples, is_central
 from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset, rollout_prompt_indices
 from grpolab.core.dist import DistContext
@@ -102,6 +104,7 @@ class RolloutProducer:
         self.run_dir = run_dir
         self.timer = timer
         self.dist = dist_ctx or DistContext()
+        self.central = is_central(cfg, self.dist.world_size)  # rank 0 generates for every rank
         self.custom_reward = (
             rewards.load_custom_reward(cfg.reward.custom_rm_path, cfg.reward.call_timeout)
             if cfg.reward.custom_rm_path
@@ -187,7 +190,7 @@ class RolloutProducer:
         self._warn_mismatch(self.injector)
         report = compare_rollouts(fresh, recorded, rollout_id=rollout_id)
         threshold = self.cfg.debug.ci_inject_rollout_data_min_match_ratio
-        engine_version = max((s.weight_version for s in fresh), default=0)
+        engine_version = self.weight_version(fresh)
         self._first_inject = self._first_inject or (rollout_id, version, engine_version)
         note = frozen_recording_note(self._first_inject, version, engine_version)
         self.run_dir.event(
@@ -210,9 +213,13 @@ class RolloutProducer:
         return recorded
 
     def generate(self, rollout_id: int) -> list[Sample]:
-        """Generate `--n-samples-per-prompt` answers for each prompt of this rollout."""
+        """This rank's samples: `--n-samples-per-prompt` answers for each prompt of its share of the rollout.
+
+        In-process engines: each rank generates its own contiguous share of the prompts. A multi-rank
+        server run (`central_rollout.is_central`): rank 0 generates the whole rollout, broadcasts it,
+        and every rank keeps its share (the same samples, indices and groups as the per-rank way).
+        """
         cfg = self.cfg
-        assert self.engine is not None
         indices = rollout_prompt_indices(
             num_rows=len(self.dataset),
             rollout_id=rollout_id,
@@ -220,9 +227,27 @@ class RolloutProducer:
             seed=cfg.run.seed,
             shuffle=cfg.data.rollout_shuffle,
         )
-        share = len(indices) // self.dist.world_size  # data-parallel rollout: a contiguous share per rank
-        first = self.dist.rank * share
-        prompts = [self.dataset[i] for i in indices[first : first + share]]
+        if not self.central:
+            share = len(indices) // self.dist.world_size  # data-parallel rollout: a contiguous share per rank
+            first = self.dist.rank * share
+            return self._generate(rollout_id, indices[first : first + share], first)
+        whole = self._generate(rollout_id, indices, 0) if self.dist.is_primary else None
+        version = self.weight_version(whole or [])
+        return self._rank_share(
+            broadcast_samples(whole, self.dist, rollout_id=rollout_id, weight_version=version)
+        )
+
+    @staticmethod
+    def weight_version(samples: list[Sample]) -> int:
+        """The newest engine weight version among `samples` (0 for none)."""
+        return max((s.weight_version for s in samples), default=0)
+
+    def _generate(self, rollout_id: int, indices: list[int], first: int) -> list[Sample]:
+        """Answers for the prompts at `indices` (rows of the prompt file), the first being prompt `first`
+        of the rollout (sample and group indices count from there)."""
+        cfg = self.cfg
+        assert self.engine is not None
+        prompts = [self.dataset[i] for i in indices]
         n = cfg.rollout.n_samples_per_prompt
         meta = [
             (first + g, k, p, derive_sample_seed(cfg.run.seed, rollout_id, p.index, k))

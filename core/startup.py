@@ -21,6 +21,7 @@ import torch
 
 from grpolab.core import checkpoint
 from grpolab.core.actor import Actor
+from grpolab.core.central_rollout import builds_engine
 from grpolab.core.colocation import Colocation
 from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset
@@ -122,7 +123,7 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
     }
     for name, data in [("prompt data", dataset), *((f"eval data {n}", d) for n, d in eval_sets.items())]:
         log.info(f"{name}: {data.path} ({len(data)} rows)")
-    engine = None if debug.debug_train_only else _build_engine(cfg)
+    engine = _build_engine(cfg) if builds_engine(cfg, dist) else None  # central_rollout.py
     actor = None if debug.debug_rollout_only else _build_actor(cfg, dist)
     rollout = cfg.rollout
     sampling = SamplingParams(

@@ -224,8 +224,15 @@ def rollout_arrays(samples: list[Sample]) -> tuple[dict[str, np.ndarray], dict[s
     return arrays, {k: [getattr(s, k) for s in samples] for k in TEXT_FIELDS}
 
 
-def save_rollout(
-    path: str | Path,
+def save_rollout(path: str | Path, samples: list[Sample], *, level: int = 3, **fields: Any) -> int:
+    """Write one rollout as a `.grz` recording (atomic: temp file + rename); return the bytes written.
+
+    `fields` are `rollout_container`'s keyword arguments; `level` is the zstd level. Raises what it raises.
+    """
+    return write_container(path, *rollout_container(samples, **fields), level=level)
+
+
+def rollout_container(
     samples: list[Sample],
     *,
     rollout_id: int | str,
@@ -237,9 +244,8 @@ def save_rollout(
     run_id: str = "",
     run_dir: str = "",
     extra: dict[str, Any] | None = None,
-    level: int = 3,
-) -> int:
-    """Write one rollout as a `.grz` recording (atomic: temp file + rename).
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """One rollout as a recording's (header, arrays), ready for `format.encode_container` / `write_container`.
 
     Args:
         samples: the rollout in order; rewards and advantages are stored as they are now; text
@@ -252,9 +258,6 @@ def save_rollout(
         train_config: config fields that change training (JSON-serializable).
         run_id / run_dir: the recording run's identity ("" when there is no run, e.g. an import).
         extra: free-form JSON-serializable notes stored under `extra`.
-
-    Returns:
-        Bytes written.
 
     Raises:
         ValueError: a bad rollout id, unknown fingerprint keys, or a sample `rollout_arrays` rejects.
@@ -283,7 +286,7 @@ def save_rollout(
         "extra": dict(extra or {}),
         "samples": text,
     }
-    return write_container(path, header, arrays, level=level)
+    return header, arrays
 
 
 HEADER_FIELDS = (
@@ -372,8 +375,18 @@ def load_rollout(path: str | Path) -> RolloutRecording:
         RecordingError: anything `read_container` rejects, a container that is not a rollout
             recording, or a missing / mis-shaped array or header field (named in the message).
     """
-    header, arrays = read_container(path)
-    n = _validate(header, arrays, str(path))
+    return recording_from_container(*read_container(path), name=str(path))
+
+
+def recording_from_container(
+    header: dict[str, Any], arrays: dict[str, np.ndarray], *, name: str
+) -> RolloutRecording:
+    """The recording a decoded container holds (`load_rollout` without the file; `name` goes into errors).
+
+    Raises:
+        RecordingError: not a rollout recording, or a missing / mis-shaped array or header field.
+    """
+    n = _validate(header, arrays, name)
     text = header["samples"]
     p_off, r_off, k_list = (arrays[k].tolist() for k in OFFSET_ARRAYS)
     prompt_ids, response_ids = arrays["prompt_ids"].tolist(), arrays["response_ids"].tolist()

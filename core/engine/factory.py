@@ -57,22 +57,17 @@ def sglang_engine(config: Config) -> RolloutEngine:
     """`HttpEngine` over `--rollout-num-engines` launched `grpolab serve` engines + sglang-router, or over
     the running fleet at `--sglang-router-ip:--sglang-router-port` (its engines must serve the model
     of `--hf-checkpoint`: compared by `/model_info`'s `model_fingerprint` where an engine reports one).
+    On a multi-rank run only rank 0 builds it and generates for every rank (core/central_rollout.py).
 
     Raises:
         ValueError: a taken `--sglang-router-port`, an unreachable router, a router without engines,
-            a fleet serving another model, or more than one trainer rank (not supported yet).
+            or a fleet serving another model.
         fleet.FleetError: a launched engine or the router did not start (its log tail quoted).
     """
-    import torch.distributed as dist
-
     from grpolab.core.engine.fleet import Fleet
     from grpolab.core.engine.http_engine import HttpEngine
 
     rollout, model = config.rollout, config.model
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise ValueError(
-            "--rollout-num-engines / --sglang-router-ip: one trainer rank only for now (no torchrun)"
-        )
     timeout = rollout.sglang_router_request_timeout_secs
     if rollout.rollout_num_engines:
         assert config.run.run_dir is not None  # open_run names it before the engine is built
