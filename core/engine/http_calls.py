@@ -3,17 +3,26 @@
 Every call the trainer makes to an engine or a router goes through `call_json`, so none can wait
 forever: a connection refused, a timeout and an HTTP error all raise `HttpCallError` with the URL,
 the status (None when nothing answered) and the answer's text. A 4xx answer that describes the
-request (`EngineRequestError`, a ValueError) is not retried by `client.EngineClient`.
+request (`EngineRequestError`, a ValueError) is not retried by `client.EngineClient`. An error answer
+that is not JSON (a web server's HTML page) is quoted as one line: its title or first line. A router
+path (`GET /workers`) answered with anything but JSON says the address is not an sglang-router.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
+import urllib.parse
 import urllib.request
 
 MAX_QUOTED = 500
 """How many characters of an error answer a message quotes."""
+ONE_LINE = 120
+"""How many characters of a non-JSON error answer (an HTML page's title or first line) a message quotes."""
+ROUTER_PATHS = ("/workers",)
+"""sglang-router's worker API: an SGLang engine never serves it, so a non-JSON answer there means the
+address is some other server."""
 
 
 class HttpCallError(RuntimeError):
@@ -61,7 +70,7 @@ def call_json(
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             raw = resp.read()
     except urllib.error.HTTPError as e:
-        text = _read_error(e)
+        text = _quote_body(url, _read_error(e))
         if e.code == 400:
             raise EngineRequestError(f"{method} {url} answered HTTP 400: {text[:MAX_QUOTED]}") from None
         raise HttpCallError(method, url, e.code, text) from None
@@ -74,7 +83,32 @@ def call_json(
     try:
         return json.loads(text) if text else None
     except json.JSONDecodeError:
+        if _is_router_path(url):
+            raise HttpCallError(method, url, resp.status, _quote_body(url, text)) from None
         return None
+
+
+def _is_router_path(url: str) -> bool:
+    return urllib.parse.urlsplit(url).path.rstrip("/") in ROUTER_PATHS
+
+
+def _quote_body(url: str, text: str) -> str:
+    """A JSON body as it is (cut at MAX_QUOTED by the caller); anything else as one line: an HTML page's
+    <title> or the first line with text, cut at `ONE_LINE`, saying so for a router path."""
+    stripped = text.strip()
+    if stripped[:1] in ("{", "[") or not stripped:
+        return stripped
+    title = re.search(r"<title[^>]*>(.*?)</title>", stripped, re.IGNORECASE | re.DOTALL)
+    lines = (re.sub(r"<[^>]*>", " ", line).strip() for line in stripped.splitlines())
+    line = " ".join(title[1].split()) if title else next((x for x in lines if x), "")
+    what = (
+        "an HTML page titled" if title else "an HTML page:" if stripped.startswith("<") else "a text answer:"
+    )
+    quote = f"{what} {line[:ONE_LINE]!r}"
+    if _is_router_path(url):
+        path = urllib.parse.urlsplit(url).path
+        quote += f" (not an sglang-router: GET {path} did not answer JSON)"
+    return quote
 
 
 def _read_error(e: urllib.error.HTTPError) -> str:

@@ -204,3 +204,37 @@ def test_log_tail_quotes_the_routers_lines_about_the_failing_engine_first(tmp_pa
     assert last == [f"[router.log] {line}" for line in log_tail(router.log_path, 3)]
     assert "starting graceful shutdown" in last[-1]
     assert router.problems_about("http://127.0.0.1:3633", 3) == []  # a prefix of the URL is not it
+
+
+def test_a_web_server_that_is_not_a_router_is_named_so_in_one_line(tmp_path, tiny_model_dir) -> None:
+    """A plain web server at the router address 404s GET /workers with an HTML page: the error quoted the
+    whole page; it now quotes its title and says the address is not an sglang-router."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    (tmp_path / "index.html").write_text("<html><head><title>My site</title></head><body>hi</body></html>\n")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(ValueError) as info:
+            running_fleet_engines(url, str(tiny_model_dir))
+        (tmp_path / "workers").write_text("<html><head><title>Workers page</title></head></html>\n")
+        with pytest.raises(ValueError) as served:  # a 200 with a page is no router either
+            running_fleet_engines(url, str(tiny_model_dir))
+    finally:
+        server.shutdown()
+        server.server_close()
+    message = str(info.value)
+    assert message == (
+        f"--sglang-router-ip/--sglang-router-port: no router answers at {url}: GET {url}/workers: HTTP 404: "
+        "an HTML page titled 'Error response' (not an sglang-router: GET /workers did not answer JSON)"
+    )
+    assert str(served.value).endswith(
+        "HTTP 200: an HTML page titled 'Workers page' (not an sglang-router: GET /workers did not answer JSON)"
+    )
