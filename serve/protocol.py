@@ -21,6 +21,7 @@ import secrets
 from dataclasses import dataclass
 
 from grpolab.core.engine.base import GenerationResult, SamplingParams
+from grpolab.serve.field_types import GENERATE_TYPES, SAMPLING_TYPES, serde_type, type_error
 
 SAMPLING_KEYS: tuple[str, ...] = (
     "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
@@ -93,38 +94,22 @@ def _is_one_of(value: object, allowed: tuple) -> bool:
     return any(value == a and type(value) is type(a) for a in allowed)
 
 
-def _serde_type(v: object) -> str:
-    """serde's name for a JSON value in "invalid type" messages (the contract's `_unexpected`)."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return f"boolean `{'true' if v else 'false'}`"
-    if isinstance(v, int):
-        return f"integer `{v}`"
-    if isinstance(v, float):
-        return f"floating point `{v}`"
-    if isinstance(v, str):
-        return f'string "{v}"'
-    return "sequence" if isinstance(v, list) else "map"
+def _check_types(fields: dict, types: dict) -> None:
+    """A contract 400 (serde's text) for the first bool/int/float field of the wrong JSON type."""
+    if (error := type_error(fields, types)) is not None:
+        raise RequestError(error, contract=True)
 
 
-def _number(sp: dict, key: str, default: float, *, integer: bool = False) -> float | int:
-    """`sp[key]` (null means the default) as an int (i64) or a number (f64), else a contract 400."""
+def _number(sp: dict, key: str, default: float) -> float | int:
+    """`sp[key]` (typed by `_check_types` already), null meaning the default."""
     v = sp.get(key)
-    if v is None:
-        return default
-    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not ok:
-        raise RequestError(
-            f"invalid type: {_serde_type(v)}, expected {'i64' if integer else 'f64'}", contract=True
-        )
-    return v
+    return default if v is None else v
 
 
 def _int_list(v: object, what: str) -> list[int]:
     """A JSON list of ints (token ids), else a 400 naming `what`."""
     if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-        raise RequestError(f"{what} must be a list of integer token ids, got {_serde_type(v)}", contract=True)
+        raise RequestError(f"{what} must be a list of integer token ids, got {serde_type(v)}", contract=True)
     return v
 
 
@@ -139,18 +124,19 @@ def parse_sampling(
     """
     sp = {} if sp is None else sp
     if not isinstance(sp, dict):
-        raise RequestError(f"invalid type: {_serde_type(sp)}, expected struct SamplingParams", contract=True)
+        raise RequestError(f"invalid type: {serde_type(sp)}, expected struct SamplingParams", contract=True)
     for key in sp:
         if key not in SAMPLING_KEYS:
             listed = ", ".join(f"`{f}`" for f in SAMPLING_KEYS)
             raise RequestError(f"unknown field `{key}`, expected one of {listed}", contract=True)
+    _check_types(sp, SAMPLING_TYPES)
     for key, neutral in _NEUTRAL.items():
         if key in sp and not _is_one_of(sp[key], neutral):
             raise RequestError(f"grpolab serve does not support sampling_params.{key} = {sp[key]!r}")
     temperature = float(_number(sp, "temperature", 1.0))
     top_p = float(_number(sp, "top_p", 1.0))
-    top_k = int(_number(sp, "top_k", TOP_K_ALL, integer=True))
-    max_new = int(_number(sp, "max_new_tokens", 128, integer=True))
+    top_k = int(_number(sp, "top_k", TOP_K_ALL))
+    max_new = int(_number(sp, "max_new_tokens", 128))
     if not 0 <= temperature < float("inf"):
         raise RequestError(f"temperature must be a non-negative finite number, got {temperature}.")
     if not 0 < top_p <= 1:
@@ -162,12 +148,12 @@ def parse_sampling(
     if temperature < _GREEDY_EPS:  # SGLang: greedy is temperature 1 over the top-1 set
         temperature, top_k = 1.0, 1
     stops = set(_int_list(sp.get("stop_token_ids") or [], "sampling_params.stop_token_ids"))
-    if not sp.get("ignore_eos"):
+    if sp.get("ignore_eos") is not True:
         stops.update(eos_ids)
     seed = sp.get("sampling_seed")
     if seed is None:
         seed = DEFAULT_SEED if deterministic else secrets.randbits(63)
-    elif isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
+    elif not -(2**63) <= seed < 2**63:
         raise RequestError(f"sampling_seed must be an integer in [-2**63, 2**63 - 1], got {seed!r}")
     params = SamplingParams(
         temperature=temperature,
@@ -225,8 +211,9 @@ def parse_generate(
     """
     if not isinstance(body, dict):
         raise RequestError(
-            f"invalid type: {_serde_type(body)}, expected struct GenerateRequest", contract=True
+            f"invalid type: {serde_type(body)}, expected struct GenerateRequest", contract=True
         )
+    _check_types(body, GENERATE_TYPES)
     for key, defaults in _UNSUPPORTED_TOP.items():
         if key in body and not _is_one_of(body[key], defaults):
             raise RequestError(f"grpolab serve does not support {key} = {body[key]!r} in /generate")
@@ -248,7 +235,7 @@ def parse_generate(
         items.append(
             GenerateItem(
                 rid=rids[i], prompt_ids=prompts[i], params=params, seed=seed,
-                return_logprob=bool(logprob[i]), return_sampling_mask=bool(mask[i]), skip_special_tokens=skip,
+                return_logprob=logprob[i] is True, return_sampling_mask=mask[i] is True, skip_special_tokens=skip,
             )
         )  # fmt: skip
     return items, batch

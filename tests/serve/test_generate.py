@@ -289,6 +289,12 @@ def test_pause_abort_mode_aborts_the_queue(server, contract):
             "sampling_params.repetition_penalty",
         ),
         ({"input_ids": [1], "stream": True}, "does not support stream"),
+        # was accepted (bool("yes")); SGLang's contract refuses every wrong-typed bool/int/float field
+        (
+            {"input_ids": [1], "return_logprob": "yes"},
+            'invalid type: string "yes", expected a value or an array of values for BoolOrList',
+        ),
+        ({"input_ids": [1], "sampling_params": {"ignore_eos": "yes"}}, 'string "yes", expected a boolean'),
         (
             {"input_ids": [[1], [2]], "sampling_params": [{}]},
             "sampling_params has 1 entries for a batch of 2",
