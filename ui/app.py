@@ -21,6 +21,7 @@ navigation = st.navigation(
         st.Page(PAGES / "runs.py", title="Runs", default=True),
         st.Page(PAGES / "compare.py", title="Compare"),
         st.Page(PAGES / "health.py", title="Health"),
+        st.Page(PAGES / "timeline.py", title="Timeline"),
         st.Page(PAGES / "rollouts.py", title="Rollouts"),
         st.Page(PAGES / "diagnose.py", title="Diagnose"),
     ]
