@@ -151,11 +151,37 @@ def safetensors_files(model_path: str) -> list[Path]:
     return files
 
 
+def check_dtypes(named: list[tuple[str, torch.Tensor]], engine_tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse a tensor whose dtype is of another kind than the engine's tensor of that name (an int64 or
+    bool tensor into a float32 weight, a float into an integer buffer): `copy_` would cast it silently.
+    Another float precision is cast, as the in-process engine does (the trainer's float32 weights into a
+    `--dtype bfloat16` engine); names the engine lacks are left to its own KeyError.
+
+    Raises:
+        ValueError: naming the first such tensor and both dtypes.
+    """
+    for name, tensor in named:
+        target = engine_tensors.get(name)
+        if target is not None and _dtype_kind(tensor.dtype) != _dtype_kind(target.dtype):
+            raise ValueError(
+                f"dtype mismatch for {name!r}: the file holds {str(tensor.dtype).removeprefix('torch.')}, "
+                f"the engine's tensor is {str(target.dtype).removeprefix('torch.')}"
+            )
+
+
+def _dtype_kind(dtype: torch.dtype) -> str:
+    return "complex" if dtype.is_complex else "float" if dtype.is_floating_point else "bool/int"
+
+
 def _load_weights(state: ServerState, model_path: str, version: int) -> int:
     """Engine thread: read the files and copy every tensor into the engine; return the tensor count."""
     named: list[tuple[str, torch.Tensor]] = []
     for f in safetensors_files(model_path):
         named.extend(load_file(str(f), device="cpu").items())
+    model = state.engine.model
+    check_dtypes(
+        named, {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}
+    )
     state.engine.update_weights(named, weight_version=version)
     return len(named)
 

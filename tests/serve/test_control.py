@@ -124,6 +124,30 @@ def test_update_weights_refusals(server, tmp_path):
     assert bad_version.status == 400 and "weight_version must be a string" in bad_version.body["message"]
 
 
+def test_a_tensor_of_another_dtype_kind_is_refused_naming_both(server, tiny_model_dir, tmp_path):
+    """copy_ cast an int64 tensor into a float32 weight silently; another float precision is still cast."""
+    name = "model.norm.weight"
+    weight = load_file(str(tiny_model_dir / "model.safetensors"))[name]
+    before = server.call("/weights_checker", {"action": "checksum"}).body
+    (tmp_path / "ints").mkdir()
+    save_file(
+        {name: torch.ones_like(weight, dtype=torch.int64)}, str(tmp_path / "ints" / "model.safetensors")
+    )
+    ints = server.call("/update_weights_from_disk", {"model_path": str(tmp_path / "ints")})
+    assert ints.status == 400 and ints.body["message"] == (
+        f"Failed to update weights: dtype mismatch for {name!r}: the file holds int64, the engine's tensor "
+        "is float32"
+    )
+    assert server.call("/weights_checker", {"action": "checksum"}).body == before  # nothing was copied
+    (tmp_path / "half").mkdir()
+    save_file({name: weight.to(torch.bfloat16)}, str(tmp_path / "half" / "model.safetensors"))
+    half = server.call("/update_weights_from_disk", {"model_path": str(tmp_path / "half")})
+    assert half.status == 200 and half.body["success"] is True
+    save_file({name: weight}, str(tmp_path / "half" / "model.safetensors"))  # the shared server's weight back
+    assert server.call("/update_weights_from_disk", {"model_path": str(tmp_path / "half")}).status == 200
+    assert server.call("/weights_checker", {"action": "checksum"}).body == before
+
+
 def test_update_weight_version_and_flush(server):
     ans = server.call("/update_weight_version", {"new_version": "v7"})
     assert ans.body == {"success": True, "message": "Weight version updated to v7", "new_version": "v7"}
