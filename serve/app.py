@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from grpolab.serve import control, generation, openai
+from grpolab.serve import control, generation, openai, profiling
 from grpolab.serve.protocol import (
     RequestError,
 )
@@ -124,6 +124,8 @@ ROUTES = [
     ("/update_weights_from_disk", control.update_weights_from_disk, ["POST"]),
     ("/update_weight_version", control.update_weight_version, ["POST"]),
     ("/weights_checker", control.weights_checker, ["GET", "POST"]),
+    ("/start_profile", profiling.start_profile, ["GET", "POST"]),
+    ("/stop_profile", profiling.stop_profile, ["GET", "POST"]),
     ("/v1/models", openai.list_models, ["GET"]),
     ("/v1/chat/completions", openai.chat_completions, ["POST"]),
 ]
