@@ -17,8 +17,9 @@ none) and calls `/update_weights_from_disk {model_path, weight_version}`; memory
 `/weights_checker`. With a fleet grpolab launched, each rollout's requests are held
 (`/pause_generation` in_place) until all reached the engines (`/server_info`), then released
 (`/continue_generation`), so one decode takes them all, as in-process. Every HTTP call has a timeout; a failure raises, and `client.EngineClient`
-retries until `--engine-failure-timeout`. Before each rollout every engine must pass
-`/health_generate` (Miles' health monitor); while requests run, an engine process of the fleet that
+retries until `--engine-failure-timeout`. A rollout more than `HEALTH_FRESH_S` after the last answered
+one (or after a failure) first needs every engine to pass `/health_generate` (Miles' health monitor); the
+/generate calls reuse kept-alive connections (`http_pool`); while requests run, an engine process of the fleet that
 exits fails the call at once instead of waiting for the request timeout, and since a launched process
 cannot come back, as `client.EngineGoneError`: the run fails at once, not after --engine-failure-timeout.
 No health, control or info call waits longer than --engine-failure-timeout, and while /generate
@@ -34,7 +35,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from pathlib import Path
 
 import torch
@@ -49,6 +50,7 @@ from grpolab.core.engine.base import (
 from grpolab.core.engine.client import EngineGoneError
 from grpolab.core.engine.fleet import Fleet, log_tail
 from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError, call_json
+from grpolab.core.engine.http_pool import KeepAlivePool
 from grpolab.core.engine.liveness import LivenessWatch
 from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer, parse_mismatches, request_rid
 
@@ -61,7 +63,12 @@ HEALTH_TIMEOUT_S = 20.0
 """Seconds `/health_generate` or `/server_info` may take, at most --engine-failure-timeout: SGLang's own
 SGLANG_HEALTH_CHECK_TIMEOUT (20 s)."""
 MAX_IN_FLIGHT = 256
-"""Concurrent /generate requests per call (threads; the in-process engine's max batch is 256 too)."""
+"""Concurrent /generate requests (the kept-alive pool's threads, kept between rollouts; the in-process
+engine's max batch is 256 too)."""
+HEALTH_FRESH_S = 30.0
+"""Seconds after a rollout's last answer during which the next rollout skips `/health_generate` (Miles'
+health monitor probes every --rollout-health-check-interval, 30 s; a dead engine still fails the rollout
+through the process check, its requests' errors and the liveness watch)."""
 GATHER_TIMEOUT_S = 30.0
 """Seconds the paused engines of a launched fleet may take to receive a rollout's requests before they
 decode what they hold (grpolab's: 64 requests arrive within ~0.5 s on a busy 2-core machine)."""
@@ -125,6 +132,8 @@ class HttpEngine:
         self._round_robin = itertools.count()
         self._session = uuid.uuid4().hex[:12]  # rids: unique per engine object, numbered per call
         self._calls = itertools.count()
+        self._requests: KeepAlivePool | None = None  # /generate calls (kept-alive; see _send_all)
+        self._answered_at: float | None = None  # when the last rollout's requests were all answered
 
     @property
     def name(self) -> str:
@@ -146,7 +155,7 @@ class HttpEngine:
             HttpCallError / RuntimeError: an engine or the router failed, or a fleet process exited.
         """
         self._check_usable()
-        self.check_health()
+        self._check_health_unless_fresh()
         start = time.perf_counter()
         direct = params.filters_support  # the router drops return_sampling_mask (module docstring)
         targets = [self._target(direct) for _ in requests]
@@ -159,7 +168,19 @@ class HttpEngine:
         seconds = time.perf_counter() - start
         tokens = float(sum(len(r.response_ids) for r in results))
         self._stats = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
+        self._answered_at = time.monotonic()
         return results
+
+    def _check_health_unless_fresh(self) -> None:
+        """`check_health` (a generation on every engine), unless the last rollout's requests were all
+        answered less than `HEALTH_FRESH_S` ago: then only the fleet's processes are checked (as Miles,
+        whose health monitor probes between rollouts, not in their path). Any failure since (a call
+        that raised) clears that, so the rollout after a failure checks every engine first."""
+        answered, self._answered_at = self._answered_at, None  # set again once this rollout succeeds
+        if answered is not None and time.monotonic() - answered < HEALTH_FRESH_S:
+            self._check_processes()
+            return
+        self.check_health()
 
     def _target(self, direct: bool) -> str:
         if not direct:
@@ -167,14 +188,18 @@ class HttpEngine:
         return self.engine_urls[next(self._round_robin) % len(self.engine_urls)]
 
     def _send_all(self, targets: list[str], bodies: list[dict]) -> list[object]:
-        """POST every body; fail at the first error or when a fleet process exits."""
-        pool = ThreadPoolExecutor(max_workers=max(1, min(MAX_IN_FLIGHT, len(bodies))))
+        """POST every body (the kept-alive pool's threads); fail at the first error or when a fleet process
+        exits. A failed rollout drops the pool: its calls still in flight must not delay the retry's."""
+        pool = self._requests
+        if pool is None or pool.closed:
+            pool = self._requests = KeepAlivePool(MAX_IN_FLIGHT)
         gate = self.fleet is not None  # our engines: hold the rollout's requests, then decode them together
+        ok = False
         try:
             if gate:
                 self._each_engine("POST", "/pause_generation", {"mode": "in_place"})
             futures: list[Future] = [
-                pool.submit(call_json, "POST", t + "/generate", b, timeout=self.request_timeout_s)
+                pool.submit("POST", t + "/generate", b, timeout=self.request_timeout_s)
                 for t, b in zip(targets, bodies)
             ]
             if gate:
@@ -191,6 +216,7 @@ class HttpEngine:
                         raise error
                 self._check_processes()
                 self._watch_liveness()
+            ok = True
             return [f.result() for f in futures]
         finally:
             self._end_watch()
@@ -202,7 +228,8 @@ class HttpEngine:
                         )
                     except (HttpCallError, ValueError):
                         pass
-            pool.shutdown(wait=False, cancel_futures=True)
+            if not ok:
+                pool.close()
 
     def _await_queued(self, n: int) -> None:
         """Wait until the paused engines hold all `n` requests (`/server_info` of `grpolab serve`), so
@@ -266,7 +293,7 @@ class HttpEngine:
         """SGLang's `/weights_checker` on every engine; "compare" lists the differing tensors it names.
 
         A failed compare names the tensors its quoted 400 lists in full (the server lists 10, the quote keeps
-        `MAX_QUOTED` characters); the others count as "<unnamed>" entries (see `parse_mismatches`).
+        `MAX_QUOTED` characters); the others count as `sglang_api.UNNAMED` entries (see `parse_mismatches`).
 
         Raises:
             ValueError: an unknown action, or "compare" before "snapshot" (the engine's error quoted).
@@ -330,11 +357,13 @@ class HttpEngine:
     def shutdown(self, reason: str = "shutdown() was called") -> None:
         """Stop the engines grpolab launched (an external fleet keeps running); later calls fail."""
         self._stopped = reason
-        if self.fleet is not None:
-            self.fleet.close()
+        self.close()
 
     def close(self) -> None:
-        """End the processes grpolab launched (idempotent); an external fleet keeps running."""
+        """End the processes grpolab launched and the kept-alive connections (idempotent); an external
+        fleet keeps running."""
+        if self._requests is not None:
+            self._requests.close()
         if self.fleet is not None:
             self.fleet.close()
 
