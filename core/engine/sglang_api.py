@@ -15,6 +15,8 @@ import torch
 
 from grpolab.core.engine.base import GenerationRequest, GenerationResult, SamplingParams, TensorMismatch
 
+UNNAMED = "<unnamed>"
+"""The name of a differing tensor the engine counted but did not name (checkers print a count instead)."""
 _MISMATCH = re.compile(r"(\S+) \[([\d, ]*)\] max_abs_err=([-+.\w]+)")  # not the quoted JSON's `"}`
 
 
@@ -78,7 +80,7 @@ def parse_generate_answer(answer: object, params: SamplingParams, version: int) 
 
 
 def parse_mismatches(message: str, *, engine: int, quoted: int | None = None) -> list[TensorMismatch]:
-    """The tensors a failed `/weights_checker` compare names, plus one "<unnamed>" per other differing tensor.
+    """The tensors a failed `/weights_checker` compare names, plus one `UNNAMED` per other differing tensor.
 
     The total is the message's "compare: N tensors differ" (else the named ones plus "(and K more)"): an
     error quoted at `quoted` characters (`http_calls.MAX_QUOTED`) loses its tail, so only the entries
@@ -99,10 +101,8 @@ def parse_mismatches(message: str, *, engine: int, quoted: int | None = None) ->
     total = re.search(r"compare: (\d+) tensors differ", message)
     more = re.search(r"\(and (\d+) more\)", message)
     unnamed = int(total[1]) - len(found) if total else int(more[1]) if more else 0
-    for j in range(unnamed):
+    for _ in range(unnamed):
         found.append(
-            TensorMismatch(
-                name=f"<unnamed {j}>", shape=(), max_abs_err=float("nan"), mean_abs_err=float("nan")
-            )
+            TensorMismatch(name=UNNAMED, shape=(), max_abs_err=float("nan"), mean_abs_err=float("nan"))
         )
     return found

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from test_fleet_e2e import _train
 
+from grpolab.checkers.weight_update import mismatch_rows
 from grpolab.core.engine.http_calls import MAX_QUOTED
-from grpolab.core.engine.sglang_api import parse_mismatches
+from grpolab.core.engine.sglang_api import UNNAMED, parse_mismatches
 from grpolab.rundir.reader import read_events
 
 TINY = ["--rollout-max-response-len", "16"]  # with test_fleet_e2e's SMALL: 2 rollouts of 4 prompts x 4
@@ -89,5 +90,22 @@ def test_a_compare_answer_cut_at_the_quote_limit_still_counts_every_tensor() -> 
     cut = body[: body.index("max_abs_err=4.65") + len("max_abs_err=4.6")]  # "4.65" cut to "4.6"
     found = parse_mismatches(QUOTE + cut, engine=2, quoted=len(cut))
     assert len(found) == 47
-    named = [(m.name, m.max_abs_err) for m in found if not m.name.startswith("<unnamed")]
+    named = [(m.name, m.max_abs_err) for m in found if m.name != UNNAMED]
     assert named == [(f"engine2/model.layers.{i}.mlp.up_proj.weight", float(f"4.6{i}")) for i in range(5)]
+
+
+def test_the_checker_prints_the_named_tensors_and_counts_the_others() -> None:
+    """47 differing tensors of which the server's answer names 10: 37 lines "<unnamed j>" were printed."""
+    entries = "; ".join(
+        f"model.layers.{i}.mlp.up_proj.weight [384, 128] max_abs_err=4.6{i}" for i in range(10)
+    )
+    message = f"compare: 47 tensors differ from the snapshot: {entries} (and 37 more)"
+    rows = mismatch_rows(parse_mismatches(message, engine=0)).splitlines()
+    assert len(rows) == 11 and rows[0] == (
+        "  model.layers.0.mlp.up_proj.weight: shape (384, 128), max abs err 4.6, mean abs err nan"
+    )
+    assert rows[-1] == "  ... and 37 more tensors differ (the engine names 10)"
+    assert (
+        mismatch_rows(parse_mismatches(message.replace("47", "10").split(" (and")[0], engine=0)).count("\n")
+        == 9
+    )  # all named: no count line
