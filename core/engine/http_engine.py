@@ -1,0 +1,428 @@
+"""The trainer's HTTP engine: a `RolloutEngine` over SGLang's native API, through a router, as Miles does.
+
+Generation: one `/generate` request per sample (as Miles sends them), all sent concurrently to the
+router, each with `input_ids`, `sampling_params` (temperature, top_p, top_k (-1 = off),
+max_new_tokens, stop_token_ids and the sample's `sampling_seed`, always sent: `grpolab serve`
+honours it; a real SGLang only with `--enable-deterministic-inference`), `return_logprob` and, when
+top-p/top-k filter the support, `return_sampling_mask`. sglang-router 0.3.2 drops
+`return_sampling_mask` on its way to the engine (its request type has no such field; Miles' router
+fork forwards it), so such requests go straight to the engines, round-robin by sample. The answer's
+`meta_info.output_token_logprobs` triples give the log-probs (float32 values written as JSON
+doubles: exact), `finish_reason.type` the finish, `weight_version` the version.
+
+Control calls go to every engine directly (what the router would fan out): weight sync writes each
+bucket as safetensors into a fresh directory under /dev/shm (tmpfs; the system temp dir when there is
+none) and calls `/update_weights_from_disk {model_path, weight_version}`; memory goes through
+`/release_memory_occupation` / `/resume_memory_occupation` (all tags); `--ci-test`'s checker through
+`/weights_checker`. With a fleet grpolab launched, each rollout's requests are held
+(`/pause_generation` in_place) until all reached the engines (`/server_info`), then released
+(`/continue_generation`), so one decode takes them all, as in-process. Every HTTP call has a timeout; a failure raises, and `client.EngineClient`
+retries until `--engine-failure-timeout`. A rollout more than `HEALTH_FRESH_S` after the last answered
+one (or after a failure) first needs every engine to pass `/health_generate` (Miles' health monitor); the
+/generate calls reuse kept-alive connections (`http_pool`); while requests run, an engine process of the fleet that
+exits fails the call at once instead of waiting for the request timeout, and since a launched process
+cannot come back, as `client.EngineGoneError`: the run fails at once, not after --engine-failure-timeout.
+No health, control or info call waits longer than --engine-failure-timeout, and while /generate
+requests run (legitimately long) `liveness.LivenessWatch` probes every engine's `/health`: one that has
+not answered for --engine-failure-timeout seconds is hung, and fails the call as gone (named, with its URL).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from pathlib import Path
+
+import torch
+
+from grpolab.core.engine.base import (
+    EngineHealth,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    TensorMismatch,
+)
+from grpolab.core.engine.client import EngineGoneError
+from grpolab.core.engine.fleet import Fleet, log_tail
+from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError, call_json
+from grpolab.core.engine.http_pool import KeepAlivePool
+from grpolab.core.engine.liveness import LivenessWatch
+from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer, parse_mismatches, request_rid
+
+log = logging.getLogger("grpolab")
+
+CONTROL_TIMEOUT_S = 120.0
+"""Seconds a control call (weights, memory, cache, checker) may take, at most --engine-failure-timeout
+(grpolab's: a bucket of SmolLM2-135M loads in < 1 s on CPU)."""
+HEALTH_TIMEOUT_S = 20.0
+"""Seconds `/health_generate` or `/server_info` may take, at most --engine-failure-timeout: SGLang's own
+SGLANG_HEALTH_CHECK_TIMEOUT (20 s)."""
+MAX_IN_FLIGHT = 256
+"""Concurrent /generate requests (the kept-alive pool's threads, kept between rollouts; the in-process
+engine's max batch is 256 too)."""
+HEALTH_FRESH_S = 30.0
+"""Seconds after a rollout's last answer during which the next rollout skips `/health_generate` (Miles'
+health monitor probes every --rollout-health-check-interval, 30 s; a dead engine still fails the rollout
+through the process check, its requests' errors and the liveness watch)."""
+GATHER_TIMEOUT_S = 30.0
+"""Seconds the paused engines of a launched fleet may take to receive a rollout's requests before they
+decode what they hold (grpolab's: 64 requests arrive within ~0.5 s on a busy 2-core machine)."""
+WATCH_INTERVAL_S = 0.5
+"""Seconds between checks of the fleet's processes while requests run."""
+EXIT_GRACE_S = 1.0
+"""Seconds a failed call waits for a fleet process to be seen as exited before it is reported as an
+HTTP failure (a kill -9'd engine resets its connections a moment before its parent can reap it)."""
+
+
+def shm_root() -> str | None:
+    """/dev/shm when it is a writable directory (tmpfs on Linux), else None (the system temp dir)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and _writable(shm) else None
+
+
+def _writable(path: Path) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            return True
+    except OSError:
+        return False
+
+
+class HttpEngine:
+    """SGLang-API engines behind a router, seen as one `RolloutEngine` (plus the checker, stats, stop).
+
+    Args:
+        router_url: "http://HOST:PORT" of the router (every /generate goes there).
+        engine_urls: each engine's "http://HOST:PORT" (control calls, health, sampling-mask requests).
+        fleet: the processes grpolab launched (None for an already running fleet: left running at close).
+        request_timeout_s: seconds one /generate request may take (`--sglang-router-request-timeout-secs`).
+        failure_timeout_s: `--engine-failure-timeout`: the longest any other call may wait, and how long
+            an engine may leave `/health` unanswered while its requests run before it counts as hung.
+
+    Raises:
+        ValueError: no engine URL, or a non-positive `failure_timeout_s`.
+    """
+
+    def __init__(
+        self,
+        *,
+        router_url: str,
+        engine_urls: list[str],
+        fleet: Fleet | None,
+        request_timeout_s: float,
+        failure_timeout_s: float = 60.0,
+    ) -> None:
+        if not engine_urls:
+            raise ValueError(f"the router at {router_url} has no engines registered (GET /workers is empty)")
+        if not failure_timeout_s > 0:
+            raise ValueError(f"--engine-failure-timeout must be > 0 seconds, got {failure_timeout_s}")
+        self.router_url, self.engine_urls, self.fleet = router_url, list(engine_urls), fleet
+        self.request_timeout_s, self.failure_timeout_s = request_timeout_s, failure_timeout_s
+        self._watch: LivenessWatch | None = None  # while /generate requests run
+        self.weight_version = 0
+        self.memory_released = False
+        self._stopped: str | None = None
+        self._stats = {"tokens": 0.0, "seconds": 0.0, "tokens_per_s": 0.0}
+        self._suspect: int | None = None  # the engine that failed last, for log_tail
+        self._round_robin = itertools.count()
+        self._session = uuid.uuid4().hex[:12]  # rids: unique per engine object, numbered per call
+        self._calls = itertools.count()
+        self._requests: KeepAlivePool | None = None  # /generate calls (kept-alive; see _send_all)
+        self._answered_at: float | None = None  # when the last rollout's requests were all answered
+
+    @property
+    def name(self) -> str:
+        """e.g. "sglang fleet (2 engines behind http://127.0.0.1:30000)"."""
+        n = len(self.engine_urls)
+        return f"sglang fleet ({n} engine{'s' if n != 1 else ''} behind {self.router_url})"
+
+    @property
+    def last_stats(self) -> dict[str, float]:
+        """`tokens`, `seconds`, `tokens_per_s` of the last `generate` (0 before any)."""
+        return dict(self._stats)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        """One concurrent /generate per request, results in request order.
+
+        Raises:
+            EngineRequestError: an engine answered 400 (its error quoted).
+            HttpCallError / RuntimeError: an engine or the router failed, or a fleet process exited.
+        """
+        self._check_usable()
+        self._check_health_unless_fresh()
+        start = time.perf_counter()
+        direct = params.filters_support  # the router drops return_sampling_mask (module docstring)
+        targets = [self._target(direct) for _ in requests]
+        call = next(self._calls)
+        bodies = [
+            generate_body(r, params, rid=request_rid(self._session, call, i)) for i, r in enumerate(requests)
+        ]
+        answers = self._send_all(targets, bodies)
+        results = [parse_generate_answer(a, params, self.weight_version) for a in answers]
+        seconds = time.perf_counter() - start
+        tokens = float(sum(len(r.response_ids) for r in results))
+        self._stats = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
+        self._answered_at = time.monotonic()
+        return results
+
+    def _check_health_unless_fresh(self) -> None:
+        """`check_health` (a generation on every engine), unless the last rollout's requests were all
+        answered less than `HEALTH_FRESH_S` ago: then only the fleet's processes are checked (as Miles,
+        whose health monitor probes between rollouts, not in their path). Any failure since (a call
+        that raised) clears that, so the rollout after a failure checks every engine first."""
+        answered, self._answered_at = self._answered_at, None  # set again once this rollout succeeds
+        if answered is not None and time.monotonic() - answered < HEALTH_FRESH_S:
+            self._check_processes()
+            return
+        self.check_health()
+
+    def _target(self, direct: bool) -> str:
+        if not direct:
+            return self.router_url
+        return self.engine_urls[next(self._round_robin) % len(self.engine_urls)]
+
+    def _send_all(self, targets: list[str], bodies: list[dict]) -> list[object]:
+        """POST every body (the kept-alive pool's threads); fail at the first error or when a fleet process
+        exits. A failed rollout drops the pool: its calls still in flight must not delay the retry's."""
+        pool = self._requests
+        if pool is None or pool.closed:
+            pool = self._requests = KeepAlivePool(MAX_IN_FLIGHT)
+        gate = self.fleet is not None  # our engines: hold the rollout's requests, then decode them together
+        ok = False
+        try:
+            if gate:
+                self._each_engine("POST", "/pause_generation", {"mode": "in_place"})
+            futures: list[Future] = [
+                pool.submit("POST", t + "/generate", b, timeout=self.request_timeout_s)
+                for t, b in zip(targets, bodies)
+            ]
+            if gate:
+                self._await_queued(len(bodies))
+                gate = False
+                self._each_engine("POST", "/continue_generation", {})
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=WATCH_INTERVAL_S, return_when=FIRST_EXCEPTION)
+                for f in done:
+                    if (error := f.exception()) is not None:
+                        if isinstance(error, HttpCallError):  # nothing answered: a dead engine first
+                            self._check_processes(grace_s=EXIT_GRACE_S, answer=error)
+                        raise error
+                self._check_processes()
+                self._watch_liveness()
+            ok = True
+            return [f.result() for f in futures]
+        finally:
+            self._end_watch()
+            if gate:  # failed while holding: let the engines generate again
+                for url in self.engine_urls:
+                    try:
+                        call_json(
+                            "POST", url + "/continue_generation", {}, timeout=self._cap(HEALTH_TIMEOUT_S)
+                        )
+                    except (HttpCallError, ValueError):
+                        pass
+            if not ok:
+                pool.close()
+
+    def _await_queued(self, n: int) -> None:
+        """Wait until the paused engines hold all `n` requests (`/server_info` of `grpolab serve`), so
+        that one decode takes them all, as the in-process engine does; give up after `GATHER_TIMEOUT_S`."""
+        deadline = time.monotonic() + GATHER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self._check_processes()
+            queued = 0
+            for url in self.engine_urls:
+                info = call_json("GET", url + "/server_info", None, timeout=self._cap(HEALTH_TIMEOUT_S)) or {}
+                states = info.get("internal_states") or [{}]
+                queued += int(states[0].get("waiting_requests", 0))
+            if queued >= n:
+                return
+            time.sleep(0.002)  # each poll is one /server_info per engine (~1 ms)
+        log.warning(
+            f"only part of the rollout's {n} requests reached the engines within {GATHER_TIMEOUT_S:g} s"
+        )
+
+    # ------------------------------------------------------------------ weights and memory
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: int) -> int:
+        """Write the bucket as safetensors (tmpfs) and load it into every engine as `weight_version`."""
+        from safetensors.torch import save_file
+
+        self._check_usable()
+        folder = tempfile.mkdtemp(prefix="grpolab-weights-", dir=shm_root())
+        try:
+            tensors = {name: t.detach().to("cpu").clone() for name, t in named_tensors}
+            save_file(tensors, str(Path(folder) / "bucket.safetensors"))
+            del tensors
+            body = {"model_path": folder, "weight_version": str(weight_version)}
+            for answer in self._each_engine("POST", "/update_weights_from_disk", body):
+                if not (isinstance(answer, dict) and answer.get("success")):
+                    raise RuntimeError(f"/update_weights_from_disk did not succeed: {answer!r}")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.weight_version = weight_version
+        return weight_version
+
+    def release_memory(self) -> None:
+        """`/release_memory_occupation` (all tags) on every engine."""
+        self._check_usable()
+        self._each_engine("POST", "/release_memory_occupation", {})
+        self.memory_released = True
+
+    def resume_memory(self) -> None:
+        """`/resume_memory_occupation` (all tags) on every engine."""
+        self._check_usable()
+        self._each_engine("POST", "/resume_memory_occupation", {})
+        self.memory_released = False
+
+    def flush_cache(self) -> None:
+        """`/flush_cache` on every engine (SGLang refuses while requests run: raised as a failure, retried)."""
+        self._check_usable()
+        try:
+            self._each_engine("POST", "/flush_cache", None)
+        except EngineRequestError as e:
+            raise RuntimeError(str(e)) from None
+
+    def weights_checker(self, action: str, *, seed: int = 0) -> list[TensorMismatch]:
+        """SGLang's `/weights_checker` on every engine; "compare" lists the differing tensors it names.
+
+        A failed compare names the tensors its quoted 400 lists in full (the server lists 10, the quote keeps
+        `MAX_QUOTED` characters); the others count as `sglang_api.UNNAMED` entries (see `parse_mismatches`).
+
+        Raises:
+            ValueError: an unknown action, or "compare" before "snapshot" (the engine's error quoted).
+        """
+        if action not in ("snapshot", "reset_tensors", "compare", "checksum"):
+            raise ValueError(f"unknown weights_checker action {action!r}")
+        self._check_usable()
+        mismatches: list[TensorMismatch] = []
+        for i, url in enumerate(self.engine_urls):
+            try:
+                call_json(
+                    "POST", url + "/weights_checker", {"action": action}, timeout=self._cap(CONTROL_TIMEOUT_S)
+                )
+            except EngineRequestError as e:
+                if action != "compare" or "differ from the snapshot" not in str(e):
+                    raise
+                mismatches += parse_mismatches(str(e), engine=i, quoted=MAX_QUOTED)
+        return mismatches
+
+    # ------------------------------------------------------------------ health, logs, stop
+    def check_health(self) -> None:
+        """Every fleet process alive and every engine's `/health_generate` 200 (raises otherwise)."""
+        self._check_processes()
+        for i, url in enumerate(self.engine_urls):
+            try:
+                call_json("GET", url + "/health_generate", None, timeout=self._cap(HEALTH_TIMEOUT_S))
+            except (HttpCallError, EngineRequestError) as e:
+                self._suspect = i
+                self._check_processes(
+                    grace_s=EXIT_GRACE_S, answer=e if isinstance(e, HttpCallError) else None
+                )
+                raise RuntimeError(f"engine {i} ({url}) failed its health check: {e}") from None
+
+    def health(self) -> EngineHealth:
+        """ok when every engine answers `/health_generate`; the detail names the first that does not."""
+        try:
+            if self._stopped:
+                raise RuntimeError(f"the engines were stopped: {self._stopped}")
+            self.check_health()
+        except RuntimeError as e:
+            return EngineHealth(
+                ok=False, weight_version=-1, memory_released=self.memory_released, detail=str(e)
+            )
+        return EngineHealth(ok=True, weight_version=self.weight_version, memory_released=self.memory_released)
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        """The last log lines of the engine that failed (else engine 0), then the router's last 3 ERROR/WARN
+        lines about that engine's URL (what explains the failure), then the router's last 3 lines."""
+        if self.fleet is None:
+            return [
+                f"(an already running fleet: the engines' logs are where they run; router {self.router_url})"
+            ]
+        i = self._suspect or 0
+        engine = self.fleet.engines[i]
+        about = self.fleet.router.problems_about(engine.url, 3) if engine.url else []
+        last = [line for line in log_tail(self.fleet.router.log_path, 3) if line not in about]
+        router = [f"[router.log] {line}" for line in about + last]
+        lines = [f"[engines/{i}.log] {line}" for line in log_tail(engine.log_path, max(1, n - len(router)))]
+        return lines + router
+
+    def shutdown(self, reason: str = "shutdown() was called") -> None:
+        """Stop the engines grpolab launched (an external fleet keeps running); later calls fail."""
+        self._stopped = reason
+        self.close()
+
+    def close(self) -> None:
+        """End the processes grpolab launched and the kept-alive connections (idempotent); an external
+        fleet keeps running."""
+        if self._requests is not None:
+            self._requests.close()
+        if self.fleet is not None:
+            self.fleet.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _check_usable(self) -> None:
+        if self._stopped:
+            raise RuntimeError(f"the engines were stopped: {self._stopped}")
+
+    def _cap(self, timeout_s: float) -> float:
+        """`timeout_s`, at most --engine-failure-timeout: no call may wait longer than a dead engine may."""
+        return min(timeout_s, self.failure_timeout_s)
+
+    def _watch_liveness(self) -> None:
+        """While /generate requests run: probe the engines' /health (`LivenessWatch`), raise for a hung one."""
+        if self._watch is None:
+            self._watch = LivenessWatch(self.engine_urls, failure_timeout=self.failure_timeout_s)
+        try:
+            self._watch.check()
+        except EngineGoneError:
+            self._suspect = self._watch.hung
+            raise
+
+    def _end_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    def _check_processes(self, grace_s: float = 0.0, answer: HttpCallError | None = None) -> None:
+        """EngineGoneError naming the first fleet process that exited (grpolab-launched fleets only);
+        with `grace_s`, wait up to that many seconds for one to exit (after a failed call, whose error
+        `answer` is then quoted as what the router or engine answered)."""
+        if self.fleet is None:
+            return
+        deadline = time.monotonic() + grace_s
+        dead = self.fleet.dead()
+        while not dead and time.monotonic() < deadline:
+            time.sleep(0.05)
+            dead = self.fleet.dead()
+        if dead:
+            if dead[0] in self.fleet.engines:
+                self._suspect = self.fleet.engines.index(dead[0])
+            raise EngineGoneError(dead[0].describe_exit() + self._answer_note(answer))
+
+    def _answer_note(self, error: HttpCallError | None) -> str:
+        """ "; the router answered HTTP 502: ..." (or "did not answer") for a gone engine's message."""
+        if error is None:
+            return ""
+        who = "the router" if error.url.startswith(self.router_url + "/") else f"{error.url}"
+        if error.status is None:
+            return f"; {who} did not answer ({error.text})"
+        return f"; {who} answered HTTP {error.status}: {error.text}"
+
+    def _each_engine(self, method: str, path: str, body: object) -> list[object]:
+        answers = []
+        for i, url in enumerate(self.engine_urls):
+            try:
+                answers.append(call_json(method, url + path, body, timeout=self._cap(CONTROL_TIMEOUT_S)))
+            except HttpCallError as e:
+                self._suspect = i
+                self._check_processes(grace_s=EXIT_GRACE_S, answer=e)
+                raise
+        return answers
