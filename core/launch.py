@@ -80,8 +80,8 @@ def check_on_this_machine(config: Config) -> None:
 def output_directories(config: Config) -> list[tuple[str, str, Path, str]]:
     """(flag, its value, directory, purpose) of every directory the run writes into.
 
-    `--run-dir` (without it, runs/, where the default run directory goes), `--save` and
-    `--save-debug-event-data` are directories; for a path template
+    `--run-dir` (without it, runs/, where the default run directory goes), `--save`,
+    `--save-debug-event-data`, `--wandb-dir` and `--tensorboard-dir` are directories; for a path template
     (`--save-debug-rollout-data`, `--ci-save-grad-norm`) it is the template's folder up to its
     first `{placeholder}` (a folder named by a placeholder is made per file, inside that one).
     """
@@ -91,6 +91,8 @@ def output_directories(config: Config) -> list[tuple[str, str, Path, str]]:
         ("--run-dir", run.run_dir, "") if run.run_dir is not None else ("--run-dir (default)", "runs", ""),
         ("--save", config.checkpoint.save, " for checkpoints"),
         ("--save-debug-event-data", debug.save_debug_event_data, " for events.jsonl"),
+        ("--wandb-dir", config.monitoring.wandb_dir, " for wandb's files"),
+        ("--tensorboard-dir", config.monitoring.tensorboard_dir, " for TensorBoard files"),
     ):
         if path is not None:
             out.append((flag, str(path), Path(path), purpose))

@@ -74,9 +74,11 @@ class WandbSink:
             "group": cfg.wandb_group,
             "mode": mode,
             "dir": None if self.run.disabled else str(Path(self.run.settings.sync_dir).resolve()),
-            "url": self.run.url,
+            "url": self.run.url if mode == "online" else None,  # wandb warns when asked offline
         }
-        log.info(f"wandb run {self.run.id} ({mode}): {self.run.url or self.info['dir'] or 'nothing written'}")
+        log.info(
+            f"wandb run {self.run.id} ({mode}): {self.info['url'] or self.info['dir'] or 'nothing written'}"
+        )
 
     def log(self, kind: str, rollout_id: int, step: int | None, metrics: dict[str, float]) -> None:
         """One history row: the record's metrics plus its step metric (sinks.with_step_key)."""

@@ -78,3 +78,15 @@ def test_use_wandb_without_wandb_is_exit_2_naming_the_extra(tmp_path: Path) -> N
     assert "--use-wandb needs the wandb package" in done.stderr
     assert "pip install 'grpolab[monitoring]'" in done.stderr
     assert "Traceback" not in done.stderr and not run_dir.exists()
+
+
+def test_tensorboard_dir_that_is_a_file_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "tb").write_text("not a folder")
+    with pytest.raises(SystemExit) as exit_:
+        _train(tmp_path / "run", "--use-tensorboard", "--tensorboard-dir", str(tmp_path / "tb"))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"--tensorboard-dir {tmp_path / 'tb'}: is a file; expected a directory for TensorBoard files" in err
+    )
+    assert not (tmp_path / "run").exists()
