@@ -15,8 +15,11 @@ from runs import events, records, train_short
 
 API_KEY = "0123456789abcdef" * 2 + "feedface"
 """A WANDB_API_KEY value to look for in the run's files (offline mode never uses it)."""
+EVAL_SET = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "arithmetic_test.jsonl"
 SHAPE = ["--num-rollout", "2", "--global-batch-size", "2", "--entropy-coef", "0.01"]
-"""2 rollouts × 2 optimizer steps: train/step 0..3; the entropy bonus makes train/loss non-zero."""
+SHAPE += ["--eval-prompt-data", "arith", str(EVAL_SET), "--eval-interval", "2", "--eval-max-prompts", "2"]
+"""2 rollouts × 2 optimizer steps: train/step 0..3 (the entropy bonus makes train/loss non-zero);
+evaluations before rollout 0 and after the last (eval records at rollout ids 0 and 2)."""
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +57,11 @@ def test_wandb_history_equals_metrics_jsonl(monitored: Path) -> None:
     for record in records(monitored, "rollout"):
         metrics = record["metrics"]
         assert {k: rollout_rows[record["rollout_id"]][k] for k in metrics} == metrics
+    eval_rows = {row["eval/step"]: row for row in rows if "eval/arith" in row}
+    assert sorted(eval_rows) == [0, 2]
+    for record in records(monitored, "eval"):
+        metrics = record["metrics"]
+        assert {k: eval_rows[record["rollout_id"]][k] for k in metrics} == metrics
     perf_rows = [row for row in rows if "perf/step_time" in row]
     assert [(row["rollout/step"], row["perf/step_time"]) for row in perf_rows] == [
         (r["rollout_id"], r["metrics"]["perf/step_time"]) for r in records(monitored, "perf")
@@ -95,11 +103,12 @@ def test_tensorboard_scalars_equal_metrics_jsonl(monitored: Path) -> None:
     acc.Reload()
     read = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
     expected: dict[str, dict[int, float]] = {}
-    for r in records(monitored, "step") + records(monitored, "rollout") + records(monitored, "perf"):
+    kinds = ("step", "rollout", "perf", "eval")
+    for r in [r for kind in kinds for r in records(monitored, kind)]:
         x = r["step"] if r["kind"] == "step" else r["rollout_id"]
         for key, value in r["metrics"].items():
             expected.setdefault(key, {})[x] = value
-    assert set(read) == set(expected)
+    assert set(read) == set(expected) and "eval/arith" in read
     for tag, by_step in expected.items():  # TensorBoard stores float32
         assert read[tag] == pytest.approx(by_step, rel=1e-6, abs=1e-30), tag
     console = (monitored / "console.log").read_text()
