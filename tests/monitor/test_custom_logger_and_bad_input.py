@@ -25,18 +25,22 @@ def _train(run_dir: Path, *extra: str) -> int:
     return main(["train", *SHORT, *ONE, "--run-dir", str(run_dir), *extra])
 
 
-def test_true_replaces_the_rollout_line_and_sink_scalars_not_the_record(tmp_path: Path) -> None:
+def test_true_replaces_the_rollout_line_and_sink_scalars_not_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     rollout_loggers.CALLS.clear()
     run_dir = tmp_path / "run"
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))  # Miles' variable, no --tensorboard-dir
     flags = ["--custom-rollout-log-function-path", "rollout_loggers.replace", "--use-tensorboard"]
-    assert _train(run_dir, *flags, "--tensorboard-dir", str(tmp_path / "tb")) == 0
+    assert _train(run_dir, *flags) == 0
     assert [c["rollout_id"] for c in rollout_loggers.CALLS] == [0]  # the coroutine ran
     (record,) = records(run_dir, "rollout")
     assert record["metrics"] == rollout_loggers.CALLS[0]["extra"]["metrics"]
     console = (run_dir / "console.log").read_text()
     assert "\nrollout 0: " not in console and "\nstep 0: " in console and "[1/1] reward" in console
+    assert f"Saving tensorboard log to {tmp_path / 'tb'}" in console
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     tags = acc.Tags()["scalars"]
