@@ -106,7 +106,8 @@ class Monitor:
         record's line then).
 
         Raises:
-            RuntimeError: the rollout logger raised (custom_logger.RolloutLogger names it and the rollout).
+            RuntimeError: the rollout logger raised (custom_logger.RolloutLogger names it and the
+                rollout), or a sink failed (naming its flag, the record and the error).
         """
         if kind == "rollout" and samples is not None and self.rollout_logger is not None:
             assert self._config is not None
@@ -114,7 +115,13 @@ class Monitor:
             if self.rollout_logger(rollout_id, flat_args(self._config), samples, extra, rollout_time):
                 return False
         for sink in self.sinks:
-            sink.log(kind, rollout_id, step, metrics)
+            try:
+                sink.log(kind, rollout_id, step, metrics)
+            except Exception as e:  # wandb's or tensorboard's own errors: the run fails naming the flag
+                raise RuntimeError(
+                    f"{sink.flag}: sending the {kind} record of rollout {rollout_id} to {sink.name} failed: "
+                    f"{type(e).__name__}: {e}"
+                ) from e
         return True
 
     def close(self, status: str) -> None:

@@ -53,6 +53,8 @@ class MetricSink(Protocol):
 
     name: str
     """What the sink is, in messages ("wandb", "tensorboard")."""
+    flag: str
+    """The flag that asked for it ("--use-wandb"), named in its error messages."""
 
     def log(self, kind: str, rollout_id: int, step: int | None, metrics: dict[str, float]) -> None:
         """One metrics.jsonl record: `kind` (rollout | step | perf | eval), its rollout id, its optimizer

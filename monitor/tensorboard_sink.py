@@ -32,6 +32,7 @@ class TensorBoardSink:
     """
 
     name = "tensorboard"
+    flag = "--use-tensorboard"
 
     def __init__(self, directory: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter

@@ -43,6 +43,7 @@ class WandbSink:
     """
 
     name = "wandb"
+    flag = "--use-wandb"
 
     def __init__(self, cfg: MonitoringConfig, run_dir: Path, config: dict[str, Any]) -> None:
         import wandb
