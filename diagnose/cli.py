@@ -15,8 +15,10 @@ HANG_DESCRIPTION = (
     "the ranks and frames as evidence and the next steps. Dumps and verdict.json go to RUN_DIR/diagnose/."
 )
 LOG_DESCRIPTION = (
-    "Scan logs (grpolab console.log or a run directory, Miles/slime with Ray prefixes, torchrun) for known "
-    "failure signatures; each finding gives its rule id, severity, evidence lines, cause, fix and source."
+    "Scan logs (grpolab console.log, router.log, engines/<i>.log or a whole run directory, Miles/slime with "
+    "Ray prefixes, torchrun) for known failure signatures; each finding gives its rule id, severity, "
+    "evidence lines (file:line), cause, fix and source. A run directory is told engine first, then the "
+    "router, then the trainer."
 )
 GPU_DESCRIPTION = (
     "Print one reading of every NVIDIA GPU through NVML: utilization, memory, temperature, SM clock and "

@@ -3,22 +3,24 @@
 `grpolab diagnose log FILE [FILE…]` reads grpolab console.log files, Miles/slime logs (with or without
 Ray's `(Actor pid=N)` prefixes) and torchrun logs (`[rank1]:`, `[default0]:`), as text: a compressed,
 UTF-16 or binary file is not scanned, and the message says how to make a text log of it. A grpolab run
-directory stands for its console.log and what the directory recorded (logdoctor/run_outcome.py): console.log
-holds rank 0's output only, so every rank's recorded error (ranks/<rank>.json "error") is reported
-too, root cause first, and the final status is read from events.jsonl. The rules live in rules/ (model
-and registry: model.py); scan.py streams each file through them; report.py writes the report; this
-module is the command.
+directory stands for its logs (logdoctor/run_logs.py): console.log with what the directory recorded
+(logdoctor/run_outcome.py: console.log holds rank 0's output only, so every rank's recorded error,
+ranks/<rank>.json "error", is reported too, root cause first, and the final status is read from
+events.jsonl), router.log and engines/<i>.log, whichever exist; they are reported as one story
+(logdoctor/story.py): the engine logs first, then the router's, then the trainer's, and the verdict on a
+dead engine (`engine_gone`) cites the lines of all three. The rules live in rules/ (model and registry:
+model.py); scan.py streams each file through them; report.py writes the report; this module is the
+command.
 
 Exit codes: 0 no error-severity finding, 1 at least one, 2 a file could not be read (missing, no
-permission, a directory that is not a run directory, not a text log; named on stderr, the other files
-are still scanned) or a bad option. A file that cannot be read is named once, on stderr; the report's
+permission, a directory without console.log, router.log or engines/<i>.log, not a text log; named on
+stderr, the other files are still scanned) or a bad option. A file that cannot be read is named once, on stderr; the report's
 summary line counts it.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,23 +34,26 @@ from grpolab.diagnose.logdoctor.model import (
     RuleOptions,
 )
 from grpolab.diagnose.logdoctor.report import EXIT_UNREADABLE, exit_code, render_json, render_text
-from grpolab.diagnose.logdoctor.run_outcome import read_run_outcome
+from grpolab.diagnose.logdoctor.run_logs import EngineLog, RunLogs, find_run_logs, read_engine_log
+from grpolab.diagnose.logdoctor.run_outcome import RunOutcome, read_run_outcome
 from grpolab.diagnose.logdoctor.scan import DEFAULT_CHUNK_BYTES, FileScan, scan_file
+from grpolab.diagnose.logdoctor.story import tell_story
 
 
 def add_log_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `grpolab diagnose log`."""
     parser.epilog = (
         "Exit codes: 0 no error-severity finding, 1 at least one, 2 a file could not be read (missing, "
-        "no permission, a directory that is not a run directory, compressed or binary; the others are "
-        "still scanned) or a bad option."
+        "no permission, a directory without console.log, router.log or engines/<i>.log, compressed or "
+        "binary; the others are still scanned) or a bad option."
     )
     parser.add_argument(
         "files",
         nargs="+",
         metavar="FILE",
-        help="text log files (console.log, Miles/slime, torchrun), or grpolab run directories (their "
-        "console.log, and every rank's recorded error from ranks/*.json, root cause first)",
+        help="text log files (console.log, Miles/slime, torchrun, router.log, an engine's log), or grpolab "
+        "run directories (their console.log with every rank's recorded error from ranks/*.json, root cause "
+        "first, router.log and engines/<i>.log: told as one story, the engine first)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of the text report"
@@ -87,24 +92,45 @@ def options_from_args(args: argparse.Namespace) -> RuleOptions:
     )
 
 
-def log_path(file: str) -> Path:
-    """The log to scan for a FILE argument: the file itself, or a grpolab run directory's console.log.
+def _scan(file: str, options: RuleOptions, chunk_bytes: int, run: RunOutcome | None = None) -> FileScan:
+    """`scan_file` of `file` (named as given); when it cannot be read, the file and the reason are named on
+    stderr and the scan holds the error."""
+    try:
+        return scan_file(file, name=file, options=options, chunk_bytes=chunk_bytes, run=run)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        print(f"grpolab diagnose log: cannot read {file}: {reason}", file=sys.stderr)
+        return FileScan(file=file, error=reason)
 
-    Raises:
-        IsADirectoryError: a directory without console.log (the message says what was expected).
-    """
-    path = Path(file)
-    if not path.is_dir():
-        return path
-    if (path / "console.log").is_file():
-        return path / "console.log"
-    raise IsADirectoryError(
-        errno.EISDIR, "a directory without console.log: give a log file or a grpolab run directory", file
-    )
+
+def scan_run_dir(logs: RunLogs, options: RuleOptions, chunk_bytes: int) -> list[FileScan]:
+    """Scan every log of a run directory (console.log with what the directory recorded, router.log,
+    engines/<i>.log) and tell them as one story (logdoctor/story.py): engine logs, router.log, console.log."""
+    console = router = None
+    if logs.console is not None:
+        run = read_run_outcome(logs.directory)
+        for problem in run.problems:
+            print(f"grpolab diagnose log: {problem}", file=sys.stderr)
+        console = _scan(logs.console, options, chunk_bytes, run)
+    if logs.router is not None:
+        router = _scan(logs.router, options, chunk_bytes)
+    engines: list[tuple[FileScan, EngineLog | None]] = []
+    for index, file in logs.engines:
+        scan, log = _scan(file, options, chunk_bytes), None
+        if scan.error is None:
+            try:
+                log = read_engine_log(index, file)
+            except OSError:  # read a moment ago, gone since: its scan stands without the story's part
+                log = None
+        engines.append((scan, log))
+    return tell_story(console, router, engines)
 
 
 def run_log_command(args: argparse.Namespace) -> int:
-    """Scan every file, print the report (text or --json); return the exit code (see `exit_code`)."""
+    """Scan every file, print the report (text or --json); return the exit code (see `exit_code`).
+
+    A FILE that is a directory stands for its logs (`run_logs.find_run_logs`); one without any is named
+    on stderr as a file that could not be read (exit 2)."""
     try:
         options = options_from_args(args)
         if args.chunk_bytes < 1:
@@ -114,19 +140,16 @@ def run_log_command(args: argparse.Namespace) -> int:
         return EXIT_UNREADABLE
     scans: list[FileScan] = []
     for file in map(display_path, args.files):
+        if not Path(file).is_dir():
+            scans.append(_scan(file, options, args.chunk_bytes))
+            continue
         try:
-            path = log_path(file)
-            run = None
-            if path != Path(file):  # a run directory
-                run = read_run_outcome(file)
-                for problem in run.problems:
-                    print(f"grpolab diagnose log: {problem}", file=sys.stderr)
-            name = file if run is None else str(path)
-            scans.append(scan_file(path, name=name, options=options, chunk_bytes=args.chunk_bytes, run=run))
+            logs = find_run_logs(file)
         except OSError as e:
-            reason = e.strerror or str(e)
-            print(f"grpolab diagnose log: cannot read {file}: {reason}", file=sys.stderr)
-            scans.append(FileScan(file=file, error=reason))
+            print(f"grpolab diagnose log: cannot read {file}: {e.strerror or e}", file=sys.stderr)
+            scans.append(FileScan(file=file, error=e.strerror or str(e)))
+            continue
+        scans += scan_run_dir(logs, options, args.chunk_bytes)
     if args.json:
         import json
 

@@ -493,6 +493,7 @@ def test_rules_are_registered_by_id():
         "engine_503_bursts",
         "fault_injected",
         "engine_dead_timeout",
+        "engine_gone",
         "train_failed",
         "rank_error",
         "router_engine_errors",

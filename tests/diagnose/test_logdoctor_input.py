@@ -90,8 +90,8 @@ def test_a_run_directory_stands_for_its_console_log(tmp_path: Path, capsys) -> N
     assert main([str(other), str(run)]) == 2  # the other directory is named; the run is still scanned
     captured = capsys.readouterr()
     assert (
-        f"cannot read {other}: a directory without console.log: give a log file or a grpolab run directory"
-        in captured.err
+        f"cannot read {other}: a directory without console.log, router.log or engines/<i>.log: give a log "
+        "file or a grpolab run directory" in captured.err
     )
     assert "ERROR   ray_oom:" in captured.out
 
@@ -152,7 +152,7 @@ def test_diagnose_help_and_errors() -> None:
     assert "grpolab diagnose: error: the following arguments are required: {hang,log,gpu}" in bare.stderr
     for command, words in (
         ("gpu", "Print one reading of every NVIDIA GPU"),
-        ("log", "Scan logs (grpolab console.log or a run directory"),
+        ("log", "Scan logs (grpolab console.log, router.log, engines/<i>.log or a whole run directory"),
         ("hang", "Take py-spy stacks of every rank of a run"),
     ):
         help_text = grpolab("diagnose", command, "--help").stdout

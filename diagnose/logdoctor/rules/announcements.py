@@ -6,6 +6,11 @@ Every `--ci-ft-test-actions` fault announces itself with `[grpolab fault] inject
 failed for S s (--engine-failure-timeout T) …` and is followed by `last engine log lines:` and the
 engine's last lines, indented by two spaces; they are read from the lines after it (context). How a
 failed run ends (its error line, every rank's recorded error) is logdoctor/rules/run_failure.py's.
+
+An engine whose process exited is not a timeout: the client's `rollout engine '<name>' is gone: engine 0
+(URL) exited (killed by SIGKILL)` line, or a give-up line whose error names a fleet process that exited
+(`engine 0 (URL) exited (...)`, what grpolab printed before the is-gone line), is collected here with its
+quoted engine lines and judged by logdoctor/rules/engine_gone.py (`engine_gone`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,25 @@ ENGINE_GIVE_UP = re.compile(
 )
 """The engine client's give-up error (core/engine/client.py): engine name, seconds failed, timeout, last
 error."""
+ENGINE_IS_GONE = re.compile(r"rollout engine '(?P<engine>.*?)' is gone: (?P<reason>.*)")
+"""The engine client's error for an engine that cannot come back (core/engine/client.py): name, reason."""
+PROCESS_EXITED = re.compile(
+    r"(?P<process>engine (?P<index>\d+)|router) \((?P<url>[^()\s]*)\) exited \((?P<how>[^)]*)\)"
+)
+"""A fleet process that exited, as grpolab names it (core/engine/fleet.py `describe_exit`): `engine 0
+(http://127.0.0.1:P) exited (killed by SIGKILL)` or `router (...) exited (code 1)`."""
+ENGINE_HUNG = re.compile(
+    r"(?P<process>engine (?P<index>\d+)) \((?P<url>[^()\s]*)\) has not answered (?P<call>.+?) for "
+    r"(?P<silent>[\d.]+) s"
+)
+"""An engine the client gave up on because it stopped answering (core/engine/liveness.py): `engine 0
+(http://127.0.0.1:P) has not answered GET /health for 60.2 s (hung: ...)`."""
+
+
+def is_engine_error(text: str) -> bool:
+    """Whether `text` is the engine client's give-up or is-gone error (not a plain `train_failed` line)."""
+    return ENGINE_GIVE_UP.search(text) is not None or ENGINE_IS_GONE.search(text) is not None
+
 
 _FAULT = re.compile(r"injecting (?P<action>\w+) on rank (?P<rank>\d+) at rollout (?P<rollout>\d+)")
 
@@ -112,13 +136,16 @@ class EngineDeadTimeout(Rule):
 
     id = "engine_dead_timeout"
     severity = "error"
-    needles = (b"(--engine-failure-timeout ", b"(--engine-failure-timeout) for it to recover")
+    needles = (b"(--engine-failure-timeout ", b"(--engine-failure-timeout) for it to recover", b"' is gone: ")
     source = f"grpolab's engine client (--engine-failure-timeout); {MANUAL_WATCHDOG}"
 
     def __init__(self, log: LogRules) -> None:
         super().__init__(log)
         self.errors: list[tuple[Line, re.Match[str]]] = []
         """The give-up lines (the run's console.log line, and the command's stderr line if captured too)."""
+        self.gone: list[tuple[Line, re.Match[str]]] = []
+        """The lines saying that an engine's process exited (is-gone lines, and give-up lines naming an
+        exited process) and their `ENGINE_IS_GONE` or `ENGINE_GIVE_UP` match: engine_gone's."""
         self.waiting: list[Line] = []
         """`… waiting up to T s (--engine-failure-timeout) for it to recover`: the first failure of each episode."""
         self.after: dict[int, str] = {}
@@ -128,14 +155,20 @@ class EngineDeadTimeout(Rule):
         if "(--engine-failure-timeout) for it to recover" in line.text:
             keep_line(self.waiting, line)
             return
-        m = ENGINE_GIVE_UP.search(line.text)
-        if m:
-            self.errors.append((line, m))
-            self.log.ask_context(self.id, line)
+        m = ENGINE_IS_GONE.search(line.text) or ENGINE_GIVE_UP.search(line.text)
+        if m is None:
+            return
+        gone = m.re is ENGINE_IS_GONE or PROCESS_EXITED.search(line.text) is not None
+        (self.gone if gone else self.errors).append((line, m))
+        self.log.ask_context(self.id, line)
 
     def on_context(self, line_no: int, text: str) -> None:
-        if any(0 < line_no - ln.line <= ENGINE_TAIL_LINES + 1 for ln, _ in self.errors):
+        if any(0 < line_no - ln.line <= ENGINE_TAIL_LINES + 1 for ln, _ in (*self.errors, *self.gone)):
             self.after[line_no] = clean_line(text)
+
+    def first_failure(self, line_no: int) -> Line | None:
+        """The last `waiting up to … for it to recover` line before line `line_no`, or None."""
+        return next((w for w in reversed(self.waiting) if w.line < line_no), None)
 
     def engine_tail(self, error_line: int) -> list[Line]:
         """The engine's last log lines quoted under the give-up line `error_line` (oldest first)."""
@@ -154,7 +187,7 @@ class EngineDeadTimeout(Rule):
             return []
         line, m = self.errors[-1]
         engine, timeout, last = m["engine"], m["timeout"], m["last"] or "(not given)"
-        first = next((w for w in reversed(self.waiting) if w.line < line.line), None)
+        first = self.first_failure(line.line)
         tail = self.engine_tail(line.line)
         fault = self.log.rule(FaultInjected).before(line.line, "stop_engine_at_end")
         if fault is None and any("fault injection" in t.text for t in tail):

@@ -4,7 +4,8 @@ run directory) every rank's recorded error, root cause first.
 A failed run's console.log ends with `grpolab train: error: <Type>: <message>` (core/loop.py writes it
 before the run directory closes the log; the command prints the same error on stderr). A multi-rank
 run's root cause is the first error that is not a lost peer connection (common/rank_errors.py); the others
-are its consequences. An engine give-up line is engine_dead_timeout's (logdoctor/rules/announcements.py).
+are its consequences. An engine give-up line is engine_dead_timeout's or engine_gone's (logdoctor/rules/announcements.py,
+engine_gone.py).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from grpolab.diagnose.logdoctor.model import (
     trim_line,
 )
 from grpolab.diagnose.logdoctor.rules.announcements import (
-    ENGINE_GIVE_UP,
     FAULT_FLAG,
     FaultInjected,
     injected_note,
+    is_engine_error,
 )
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class TrainFailed(Rule):
         if m is None:
             return
         self.errors.append((line, line.text[m.start() + len(_TRAIN_ERROR_PREFIX) :].strip()))
-        if not ENGINE_GIVE_UP.search(line.text):  # a dead engine: engine_dead_timeout
+        if not is_engine_error(line.text):  # a dead engine: engine_dead_timeout or engine_gone
             self.lines.append((line, m))
 
     def line_of(self, error: RankError) -> Line | None:
