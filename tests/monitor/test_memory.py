@@ -64,3 +64,37 @@ def test_bad_profiling_flags_exit_2(
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # refused before the run directory is made
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the torch recorder records CUDA memory")
+def test_torch_snapshot_after_rollout_n_minus_1_on_cuda(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    flags = ["--device", "cuda", "--record-memory-history", "--memory-snapshot-num-steps", "1"]
+    assert _train(run_dir, *flags) == 0
+    path = run_dir / "memory" / "memory_snapshot-rank0-rollout0.pickle"
+    (event,) = events(run_dir, "memory_snapshot")
+    assert event["path"] == str(path) and event["bytes"] == path.stat().st_size > 0
+    assert (event["recorder"], event["reason"]) == ("torch", "num_steps")
+    assert path.read_bytes()[:1] == b"\x80"  # a pickle's protocol opcode; grpolab never loads it
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the torch recorder records CUDA memory")
+def test_torch_snapshot_on_a_real_cuda_oom(tmp_path: Path) -> None:
+    from grpolab.core.config.monitoring import ProfilingConfig
+    from grpolab.monitor.memory import MemoryRecorder
+
+    written: list[tuple[Path, int, str]] = []
+    recorder = MemoryRecorder(
+        ProfilingConfig(record_memory_history=True, memory_snapshot_num_steps=5),
+        tmp_path,
+        rank=0,
+        on_snapshot=lambda *a: written.append(a),
+    )
+    recorder.start(0)
+    kept = torch.ones(1 << 20, device="cuda")
+    with pytest.raises(torch.cuda.OutOfMemoryError) as e:
+        torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # 1 PiB
+    recorder.on_error(e.value, 2)
+    path = tmp_path / "oom-rank0-rollout2.pickle"
+    assert written == [(path, path.stat().st_size, "oom")]
+    assert kept.sum().item() == 1 << 20

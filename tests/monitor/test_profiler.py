@@ -71,6 +71,24 @@ def test_train_actor_traces_micro_batches_per_window(tmp_path: Path) -> None:
     assert not (run_dir / "profile").exists()  # --tensorboard-dir replaces RUN_DIR/profile
 
 
+def test_train_log_probs_traces_the_policy_forward_only(tmp_path: Path) -> None:
+    """Micro-batch 0 of the log-prob forward: one policy forward, no backward, one trace per rollout."""
+    run_dir = tmp_path / "run"
+    flags = ["--use-pytorch-profiler", "--profile-target", "train_log_probs", "--micro-batch-size", "1"]
+    flags += ["--profile-step-start", "0", "--profile-step-end", "1"]
+    assert _train(run_dir, *flags) == 0  # 2 rollouts
+    traces = sorted((run_dir / "profile").glob(f"*{TRACE_SUFFIX}"))
+    assert [p.name for p in traces] == [
+        f"rank0.train_log_probs.rollout{k}.window0{TRACE_SUFFIX}" for k in (0, 1)
+    ]
+    for trace in traces:
+        with gzip.open(trace, "rt", encoding="utf-8") as f:
+            ops = [e.get("name") for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        assert ops.count("aten::embedding") == 1
+        assert not [op for op in ops if op and "Backward" in op]
+    assert len(events(run_dir, "profiler_trace")) == 2
+
+
 def test_profile_rank_outside_world_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = _train(tmp_path / "run", "--use-pytorch-profiler", "--profile-ranks", "0", "3")
     assert code == 2
