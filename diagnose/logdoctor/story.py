@@ -3,10 +3,11 @@ failure. Pure: scans and engine logs in, scans out.
 
 Each log of a run directory is scanned on its own (logdoctor/scan.py); `tell_story` then
 - orders the scans as the failure happened: engines/<i>.log first, then router.log, then console.log;
-- completes the trainer's `engine_gone` finding (logdoctor/rules/engine_gone.py) with the dead engine's own
-  last lines (engines/<i>.log: a Python traceback, an out-of-memory or a "Killed" line when there is one,
-  else its last lines) and the router's lines about the engine's URL (router.log), in that order, before
-  the trainer's lines (which then no longer quote the engine log: its own lines are there);
+- completes the trainer's `engine_gone` finding (logdoctor/rules/engine_gone.py), and `engine_dead_timeout`
+  when its error names an engine's URL (a hung engine), with that engine's own last lines
+  (engines/<i>.log: a Python traceback, an out-of-memory or a "Killed" line when there is one, else its
+  last lines) and the router's lines about the engine's URL (router.log), in that order, before the
+  trainer's lines (which then no longer quote the engine log: its own lines are there);
 - drops console.log's `router_engine_errors` when it rests only on router.log lines that the trainer's
   error quotes and router.log itself was read (its own finding has every line);
 - names the engine behind each URL of the router's `router_engine_errors` finding (logdoctor/rules/router.py)
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from grpolab.diagnose.logdoctor.model import Evidence, Finding, Line, trim_line
-from grpolab.diagnose.logdoctor.rules.engine_gone import QUOTED_ENGINE_LOG
+from grpolab.diagnose.logdoctor.rules.announcements import QUOTED_ENGINE_LOG
 from grpolab.diagnose.logdoctor.run_logs import EngineLog
 from grpolab.diagnose.logdoctor.scan import FileScan
 
@@ -106,14 +107,28 @@ def _router_lines(router: FileScan | None, url: str) -> tuple[list[Evidence], di
     return [replace(e, note=e.note or "router") for e in lines], counts
 
 
-def _complete_engine_gone(
+def _engine_of(finding: Finding, engines: dict[int, EngineLog]) -> tuple[EngineLog | None, str | None]:
+    """The engine log and URL a finding is about: `engine_gone`'s index or URL, else the first engine URL
+    its error text names (`engine_dead_timeout`'s last error, e.g. `GET http://127.0.0.1:P/server_info: no
+    answer`); (None, URL or None) when no engine log matches."""
+    index, url = finding.details.get("engine_index"), finding.details.get("url")
+    if index is not None and index in engines:
+        return engines[index], url or engines[index].url
+    if url:
+        return next((e for e in engines.values() if e.url == url), None), url
+    text = f"{finding.details.get('last_error') or ''} {finding.details.get('error_line') or ''}"
+    for log in engines.values():
+        if log.url and re.search(re.escape(log.url) + r"(?!\d)", text):
+            return log, log.url
+    return None, None
+
+
+def _complete_engine_finding(
     finding: Finding, engines: dict[int, EngineLog], router: FileScan | None
 ) -> Finding:
-    """`engine_gone` with the engine's last lines and the router's lines about it before the trainer's."""
-    index, url = finding.details.get("engine_index"), finding.details.get("url")
-    log = engines.get(index) if index is not None else None
-    if log is None and url:
-        log = next((e for e in engines.values() if e.url == url), None)
+    """`engine_gone` or `engine_dead_timeout` with the engine's last lines and the router's lines about it
+    before the trainer's."""
+    log, url = _engine_of(finding, engines)
     evidence: list[Evidence] = []
     own = finding.evidence
     details = dict(finding.details)
@@ -122,9 +137,11 @@ def _complete_engine_gone(
         words = last_words(log)
         evidence += _engine_evidence(log, words)
         own = tuple(e for e in own if e.note != QUOTED_ENGINE_LOG)  # its own lines are quoted instead
-        details |= {"engine_log_file": log.file, "engine_log_ends_with": words.kind or None}
+        details |= {"engine_index": log.index, "url": url, "engine_log_file": log.file}
+        details |= {"engine_log_ends_with": words.kind or None}
         details["engine_log_last_lines"] = [ln.text for ln in words.lines]
-        cause += f" {_ends_with(words, log)}."
+        cause += f" {'' if finding.rule == 'engine_gone' else f'The engine is engine {log.index} at {url}: '}"
+        cause += f"{_ends_with(words, log)}."
         if words.kind:
             title += f"; its log ends with {words.kind}"
     if url:
@@ -132,15 +149,9 @@ def _complete_engine_gone(
         evidence += lines
         if counts:
             details["router"] = counts
-            cause += (
-                f" The router logged {counts['failed_sends']} failed sends to it"
-                + (
-                    f" and health checks that failed ({', '.join(counts['health_failures'])})"
-                    if counts["health_failures"]
-                    else ""
-                )
-                + " (router.log)."
-            )
+            failed = counts["health_failures"]
+            checks = f" and health checks that failed ({', '.join(failed)})" if failed else ""
+            cause += f" The router logged {counts['failed_sends']} failed sends to it{checks} (router.log)."
     return replace(finding, title=title, evidence=(*evidence, *own), cause=cause, details=details)
 
 
@@ -196,8 +207,8 @@ def tell_story(
         for f in scan.findings:
             if scan is console and _quotes_router_log(f, router):
                 continue  # router.log's own finding tells it, with every line
-            if f.rule == "engine_gone":
-                f = _complete_engine_gone(f, logs, router)
+            if f.rule in ("engine_gone", "engine_dead_timeout"):
+                f = _complete_engine_finding(f, logs, router)
             elif f.rule == "router_engine_errors" and scan is router:
                 f = _name_router_engines(f, logs)
             out.append(f)

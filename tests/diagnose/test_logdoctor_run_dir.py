@@ -22,6 +22,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 KILLED = FIXTURES / "killed_engine_run"
 BETWEEN = FIXTURES / "killed_between_rollouts_run"
 OLD = FIXTURES / "killed_before_is_gone_run"
+HUNG = FIXTURES / "hung_engine_run"
 URL = "http://127.0.0.1:39025"  # engine 0 of killed_engine_run (its engines/0.log: listening on)
 
 
@@ -121,6 +122,26 @@ def test_the_message_before_is_gone_is_engine_gone_too(capsys) -> None:
     )
     assert gone["details"]["failed_for_s"] == 0.0
     assert [(Path(e["file"]).name, e["line"]) for e in gone["evidence"]][:2] == [("0.log", 3), ("0.log", 4)]
+
+
+def test_a_stopped_engine_is_a_timeout_told_with_the_engines_log(capsys) -> None:
+    """A SIGSTOPped engine is alive: engine_dead_timeout stays, and the story names the engine its error's
+    URL belongs to and quotes that engine's own log first."""
+    code, report = _report(capsys, str(HUNG))
+    assert code == 1
+    found = _findings(report)
+    assert set(found) == {"engine_dead_timeout"}, set(found)
+    (dead,) = found["engine_dead_timeout"]
+    assert dead["details"]["failed_for_s"] == 20.0 and dead["details"]["timeout_s"] == "10"
+    assert (dead["details"]["engine_index"], dead["details"]["url"]) == (0, "http://127.0.0.1:46215")
+    cited = [(Path(e["file"]).name, e["line"], e["note"]) for e in dead["evidence"]]
+    assert cited == [
+        ("0.log", 2, "engine log: its last lines"),
+        ("0.log", 3, "engine log: its last lines"),
+        ("console.log", _line_of(HUNG / "console.log", "waiting up to 10 s"), "first failure"),
+        ("console.log", _line_of(HUNG / "console.log", "grpolab train: error:"), ""),
+    ]
+    assert "The engine is engine 0 at http://127.0.0.1:46215" in dead["cause"]
 
 
 def test_a_single_file_is_scanned_alone_as_before(capsys) -> None:

@@ -71,7 +71,7 @@ def test_dead_engine_run(tmp_path: Path, capsys) -> None:
     )
     assert dead.details["engine_log"][-1].endswith("shut down by fault injection stop_engine_at_end")
     notes = [e.note for e in dead.evidence]
-    assert notes[0] == "first failure" and notes[1] == "" and set(notes[2:]) == {"engine log"}
+    assert notes[0] == "first failure" and notes[1] == "" and set(notes[2:]) == {"quoted engine log"}
     lines = console.splitlines()
     assert all(lines[e.line - 1].startswith(e.text[:100]) for e in dead.evidence)
     assert dead.evidence[-1].text.endswith("shut down by fault injection stop_engine_at_end")

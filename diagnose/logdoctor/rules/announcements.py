@@ -41,6 +41,9 @@ ENGINE_TAIL_LINES = 10
 """The engine log lines grpolab's engine error quotes (`LOG_TAIL_LINES` of core/engine/client.py)."""
 ENGINE_TAIL_EVIDENCE = MAX_EVIDENCE - 2
 """Engine log lines shown as evidence (the last ones), beside the first failure and the error line."""
+QUOTED_ENGINE_LOG = "quoted engine log"
+"""The note of the engine log lines that the trainer's error quotes (logdoctor/story.py replaces them with
+the engine log's own lines when it was read)."""
 ENGINE_GIVE_UP = re.compile(
     r"rollout engine '(?P<engine>.*?)' failed for (?P<failed>[\d.]+) s "
     r"\(--engine-failure-timeout (?P<timeout>[^)]+)\)(?:.*?; last error: (?P<last>.*))?"
@@ -196,7 +199,7 @@ class EngineDeadTimeout(Rule):
         if first is not None:
             evidence.append(self.ev(first, "first failure"))
         evidence.append(self.ev(line, focus="failed for"))
-        evidence += [self.ev(t, "engine log") for t in tail[-ENGINE_TAIL_EVIDENCE:]]
+        evidence += [self.ev(t, QUOTED_ENGINE_LOG) for t in tail[-ENGINE_TAIL_EVIDENCE:]]
         since = f" (the first failure is at line {first.line})" if first is not None else ""
         injected = injected_note(fault)
         fix = (

@@ -33,14 +33,12 @@ from grpolab.diagnose.logdoctor.rules.announcements import (
     ENGINE_TAIL_EVIDENCE,
     FAULT_FLAG,
     PROCESS_EXITED,
+    QUOTED_ENGINE_LOG,
     EngineDeadTimeout,
     FaultInjected,
     injected_note,
 )
 
-QUOTED_ENGINE_LOG = "quoted engine log"
-"""The note of the engine log lines that the trainer's error quotes (logdoctor/story.py replaces them with
-the engine log's own lines when it was read)."""
 _SIGNAL = re.compile(r"killed by (?P<signal>SIG\w+)")
 
 
