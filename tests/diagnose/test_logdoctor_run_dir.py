@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -75,6 +76,18 @@ def test_a_killed_engine_run_is_told_engine_first_then_router_then_trainer(capsy
     assert router["evidence"][0]["file"] == str(KILLED / "router.log")
     assert router["details"]["engine_logs"] == {URL: str(KILLED / "engines" / "0.log")}
     assert f"engine 0 is {URL}" in router["cause"]
+
+
+def test_the_grpolab_command_on_the_run_directory() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "grpolab", "diagnose", "log", str(KILLED)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"ERROR   engine_gone: engine 0 ({URL}) is gone (killed by SIGKILL)" in done.stdout
+    assert f"{KILLED / 'engines' / '0.log'}:3 " in done.stdout and done.stderr == ""
 
 
 def test_the_text_report_cites_each_file_and_line(capsys) -> None:
