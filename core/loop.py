@@ -48,8 +48,7 @@ from grpolab.core.startup import build_parts, open_run, resume
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
 from grpolab.monitor import open_monitor
-from grpolab.monitor.memory import MemoryRecorder, check_memory_recorder
-from grpolab.monitor.profiler import RunProfiler, check_profiling
+from grpolab.monitor.profiler import RunProfiling
 from grpolab.replay.paths import eval_rollout_id
 from grpolab.rundir.writer import RunDirectory
 
@@ -94,9 +93,7 @@ class GRPORun:
         self.engine, self.actor, self.colocation = parts.engine, parts.actor, parts.colocation
         self.producer, self.recorder = parts.producer, parts.recorder
         self.joins_sync = joins_engine_of_rank_zero(config, self.dist)  # central_rollout.py
-        self.profiler = RunProfiler.for_run(config, run_dir, self.dist.rank)  # --use-pytorch-profiler
-        self.profiler.attach_actor(self.actor)
-        self.memory = MemoryRecorder.for_run(config, run_dir, self.dist.rank)  # --record-memory-history
+        self.profiling = RunProfiling(config, run_dir, self.dist.rank, self.actor)  # torch.profiler, memory
         # wandb / TensorBoard / --custom-rollout-log-function-path (rank 0); closed by run_dir.finish
         self.monitor = open_monitor(config, run_dir, primary=self.dist.is_primary)
 
@@ -111,10 +108,7 @@ class GRPORun:
                 raise ValueError(
                     f"--rollout-batch-size {config.rollout.rollout_batch_size} must be divisible by the world size {ctx.world_size}"
                 )
-            num = config.rollout.num_rollout
-            for warning in check_profiling(config.profiling, world_size=ctx.world_size, num_rollout=num):
-                log.info(warning)
-            check_memory_recorder(config.profiling)
+            RunProfiling.check(config, world_size=ctx.world_size)
             run = cls(config, run_dir, ctx)
             run._maybe_resume()
             run._check_recordings()
@@ -158,9 +152,8 @@ class GRPORun:
             ids = planned_rollout_ids(
                 self.state.next_rollout_id, cfg.rollout.num_rollout, cfg.debug.debug_exit_after_rollout
             )
-            self.memory.start(self.state.next_rollout_id)
             for rollout_id in ids:
-                with self.profiler.rollout_step(rollout_id):
+                with self.profiling.rollout_step(rollout_id):
                     if self._eval_due(rollout_id):
                         self.evaluate(rollout_id)
                     self.step(rollout_id)
@@ -180,12 +173,11 @@ class GRPORun:
                 )
         except BaseException as e:
             hold_sigterm()  # a second SIGTERM must not cut the status write short
-            self.memory.on_error(e, self.state.next_rollout_id)  # a CUDA OOM dumps the torch snapshot
+            self.profiling.on_error(e, self.state.next_rollout_id)  # a CUDA OOM dumps the torch snapshot
             end_run_with_error(self.run_dir, e, self.state.next_rollout_id)
             raise
         finally:
-            self.profiler.close()
-            self.memory.close(self.state.next_rollout_id)
+            self.profiling.close(self.state.next_rollout_id)
             if gpu_sampler is not None:
                 gpu_sampler.stop()
             close_engine(self.engine)  # engine servers the run launched end with it, however it ends
@@ -219,7 +211,7 @@ class GRPORun:
         everyone = self._record(rollout_id, samples)  # the whole rollout, for metrics, checks and recordings
         line, old, ref = self._log_probs(rollout_id, samples, everyone)
         steps = self._train(rollout_id, samples, old, ref)
-        self.memory.after_train(rollout_id)  # --record-memory-history: the snapshot after rollout N-1
+        self.profiling.after_train(rollout_id)  # --record-memory-history: the snapshot after rollout N-1
         self.state.next_rollout_id = rollout_id + 1
         self._save(rollout_id)
         self._sync(rollout_id)

@@ -31,6 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from grpolab.core.config.monitoring import ProfilingConfig
+from grpolab.monitor.memory import MemoryRecorder, check_memory_recorder
 
 log = logging.getLogger("grpolab")
 
@@ -204,3 +205,55 @@ class RunProfiler:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+
+class RunProfiling:
+    """The profiler and the memory recorder of one rank of a run: the loop's one handle on both.
+
+    Use: `RunProfiling.check(config, world_size=...)` at start, then `with profiling.rollout_step(k):`
+    around each loop iteration (the memory recorder starts at the first), `after_train(k)` once
+    rollout k's optimizer steps are done, `on_error(e, k)` when the run fails, `close(k)` at the end.
+    """
+
+    def __init__(self, config: Any, run_dir: Any, rank: int, actor: Any) -> None:
+        """`config`: core.config.Config; `run_dir`: rundir.writer.RunDirectory; `actor`: core.actor.Actor
+        or None (no trainer)."""
+        self.profiler = RunProfiler.for_run(config, run_dir, rank)
+        self.profiler.attach_actor(actor)
+        self.memory = MemoryRecorder.for_run(config, run_dir, rank)
+        self._started = False
+
+    @staticmethod
+    def check(config: Any, *, world_size: int) -> None:
+        """Check the profiling flags against this machine and world; log the warnings.
+
+        Raises:
+            ValueError: a `--profile-ranks` rank outside the world; a memory recorder this machine
+                cannot run (monitor/memory.check_memory_recorder).
+        """
+        num = config.rollout.num_rollout
+        for warning in check_profiling(config.profiling, world_size=world_size, num_rollout=num):
+            log.info(warning)
+        check_memory_recorder(config.profiling)
+
+    @contextmanager
+    def rollout_step(self, rollout_id: int) -> Iterator[None]:
+        """Around the loop's iteration for `rollout_id`; the first one starts the memory recorder."""
+        if not self._started:
+            self._started = True
+            self.memory.start(rollout_id)
+        with self.profiler.rollout_step(rollout_id):
+            yield
+
+    def after_train(self, rollout_id: int) -> None:
+        """Rollout `rollout_id` has trained: the memory snapshot when it is rollout N-1."""
+        self.memory.after_train(rollout_id)
+
+    def on_error(self, error: BaseException, rollout_id: int) -> None:
+        """The run is failing with `error` (a CUDA OOM dumps the torch snapshot); never raises."""
+        self.memory.on_error(error, rollout_id)
+
+    def close(self, rollout_id: int) -> None:
+        """The run ends: write a trace or recording still open."""
+        self.profiler.close()
+        self.memory.close(rollout_id)
