@@ -136,3 +136,31 @@ def test_two_ranks_with_the_fleet_rank_zero_launches_match_one_rank_bitwise(tmp_
     for rid in (0, 1):
         got = _samples(rec2, rid)
         assert len(got) == 16 and got == _samples(rec1, rid), rid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rank", "action"),
+    [(0, "raise_in_train"), (1, "crash_before_allreduce")],
+    ids=["rank0_raises", "rank1_dies"],
+)
+def test_a_failed_rank_ends_the_world_and_its_fleet(tmp_path: Path, rank: int, action: str) -> None:
+    """A rank that fails at rollout 1 (rank 0, which holds the fleet, raising; rank 1 exiting) ends the
+    other rank too, the run is marked failed (or interrupted, when torchrun's SIGTERM reaches rank 0
+    first), and the fleet's router and engines stop answering."""
+    run = tmp_path / "run"
+    actions = json.dumps([{"at_rollout": 1, "action": action, "rank": rank}])
+    argv = [sys.executable, "-m", "grpolab", "train", "--run-dir", str(run), *SMALL, "--num-rollout", "3"]
+    argv += ["--nproc-per-node", "2", "--rollout-num-engines", "2", "--ci-ft-test-actions", actions]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert done.returncode != 0 and f"injecting {action} on rank {rank} at rollout 1" in done.stderr
+    status = _events(run, "status")[-1]
+    assert status["status"] in ("failed", "interrupted") and status["rollout_id"] == 1, status
+    fleet = re.search(r"engine fleet: router (\S+), engines (.+)", done.stdout)
+    assert fleet is not None, done.stdout[-3000:]
+    urls = [fleet.group(1).rstrip(","), *fleet.group(2).split(", ")]
+    pids = [json.loads((run / "ranks" / f"{r}.json").read_text())["pid"] for r in (0, 1)]
+    assert not any(Path(f"/proc/{p}").exists() for p in pids)  # torchrun waited for both ranks
+    assert len(urls) == 3 and not any(_answers(u) for u in urls)
