@@ -3,7 +3,8 @@
 The room: the command (command.py), the report (report.py), the scanner (scan.py, with needles.py and
 sniff.py), the rule model and registry (model.py), every registered rule at work on one log
 (ruleset.py), the rule families (rules/), what a run directory recorded of its end (run_outcome.py), the
-logs a run directory holds (run_logs.py) and how they are told as one story (story.py).
+logs a run directory holds (run_logs.py), how an engine's log ends (last_words.py) and how they are told
+as one story (story.py).
 """
 
 from grpolab.diagnose.logdoctor.command import add_log_arguments, main, run_log_command

@@ -19,9 +19,10 @@ from pathlib import Path
 from grpolab.core.engine.fleet import LISTENING
 from grpolab.diagnose.logdoctor.model import Line, clean_line
 
-ENGINE_TAIL_LINES = 40
-"""Last lines of an engine log kept for the story: room for a Python traceback of ~15 frames (two lines
-each) with its exception line, which is what an engine that crashed ends with."""
+ENGINE_TAIL_LINES = 200
+"""Last lines of an engine log kept for the story (logdoctor/last_words.py): room for a Python traceback
+of ~90 frames (two lines each), or a faulthandler crash report of every thread (a crashed `grpolab
+serve` wrote 36 lines for its 3 threads), which is what an engine that crashed ends with."""
 
 _ENGINE_LOG = re.compile(r"^(?P<index>\d+)\.log$")
 

@@ -5,9 +5,10 @@ Each log of a run directory is scanned on its own (logdoctor/scan.py); `tell_sto
 - orders the scans as the failure happened: engines/<i>.log first, then router.log, then console.log;
 - completes the trainer's `engine_gone` finding (logdoctor/rules/engine_gone.py), and `engine_dead_timeout`
   when its error names an engine's URL (a hung engine), with that engine's own last lines
-  (engines/<i>.log: a Python traceback, an out-of-memory or a "Killed" line when there is one, else its
-  last lines) and the router's lines about the engine's URL (router.log), in that order, before the
-  trainer's lines (which then no longer quote the engine log: its own lines are there);
+  (engines/<i>.log: a Python traceback, a fatal Python error, an out-of-memory or a "Killed" line when
+  there is one, else its last lines; logdoctor/last_words.py) and the router's lines about the engine's
+  URL (router.log), in that order, before the trainer's lines (which then no longer quote the engine
+  log: its own lines are there);
 - drops console.log's `router_engine_errors` when it rests only on router.log lines that the trainer's
   error quotes and router.log itself was read (its own finding has every line);
 - names the engine behind each URL of the router's `router_engine_errors` finding (logdoctor/rules/router.py)
@@ -19,63 +20,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from grpolab.diagnose.logdoctor.model import Evidence, Finding, Line, trim_line
+from grpolab.diagnose.logdoctor.last_words import LastWords, last_words
+from grpolab.diagnose.logdoctor.model import Evidence, Finding, trim_line
 from grpolab.diagnose.logdoctor.rules.announcements import QUOTED_ENGINE_LOG
 from grpolab.diagnose.logdoctor.run_logs import EngineLog
 from grpolab.diagnose.logdoctor.scan import FileScan
 
-TRACEBACK = "Traceback (most recent call last):"
-"""How a Python traceback starts (the engine is `grpolab serve`, a Python process)."""
-_OUT_OF_MEMORY = re.compile(r"out of memory|OutOfMemoryError|MemoryError|Cannot allocate memory", re.I)
-_KILLED = re.compile(r"\bKilled\b")
-LAST_LINES = 2
-"""Engine log lines quoted when its end holds no traceback, out-of-memory or kill message."""
 ROUTER_LINES = 2
 """router.log lines about the engine added to `engine_gone`'s evidence (the router finding has them all):
 the first failed send and the first failed health check naming its URL, when there are both."""
 QUOTED_ROUTER = "[router.log] "
 """How the trainer's error quotes router.log's last lines (core/engine/http_engine.py `log_tail`)."""
-
-
-@dataclass(frozen=True)
-class LastWords:
-    """How an engine log ends.
-
-    Attributes:
-        kind: "traceback", "out of memory", "killed", or "" when the end holds none of them.
-        summary: the exception line, the out-of-memory or kill line, or the last line ("" for an empty log).
-        lines: the lines to quote (a traceback: its first line, its last frame, its exception line).
-    """
-
-    kind: str
-    summary: str
-    lines: tuple[Line, ...]
-
-
-def last_words(log: EngineLog) -> LastWords:
-    """How `log` ends: its last Python traceback, out-of-memory or kill line, else its last lines."""
-    tail = log.tail
-    starts = [i for i, ln in enumerate(tail) if TRACEBACK in ln.text]
-    if starts:
-        head = starts[-1]
-        after = tail[head + 1 :]
-        end = next((i for i, ln in enumerate(after) if ln.text and not ln.text[:1].isspace()), None)
-        frames = [
-            ln for ln in (after if end is None else after[:end]) if ln.text.lstrip().startswith("File ")
-        ]
-        exception = after[end] if end is not None else None
-        lines = [tail[head], *frames[-1:], *([exception] if exception else [])]
-        summary = exception.text if exception else tail[head].text
-        kind = "out of memory" if _OUT_OF_MEMORY.search(summary) else "traceback"
-        return LastWords(kind, summary, tuple(lines))
-    for kind, pattern in (("out of memory", _OUT_OF_MEMORY), ("killed", _KILLED)):
-        hits = [ln for ln in tail if pattern.search(ln.text)]
-        if hits:
-            return LastWords(kind, hits[-1].text, (hits[-1],))
-    lines = tuple(ln for ln in tail if ln.text.strip())[-LAST_LINES:]
-    return LastWords("", lines[-1].text if lines else "", lines)
 
 
 def _engine_evidence(log: EngineLog, words: LastWords) -> list[Evidence]:
@@ -218,4 +175,4 @@ def tell_story(
     return [scan for scan in ordered if scan is not None]
 
 
-__all__ = ["TRACEBACK", "LastWords", "last_words", "tell_story"]
+__all__ = ["tell_story"]

@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 
 from grpolab.diagnose.logdoctor import main
+from grpolab.diagnose.logdoctor.last_words import KIND_KILLED, KIND_OOM, KIND_TRACEBACK, last_words
 from grpolab.diagnose.logdoctor.model import Line
 from grpolab.diagnose.logdoctor.run_logs import EngineLog
 from grpolab.diagnose.logdoctor.scan import scan_file
-from grpolab.diagnose.logdoctor.story import last_words
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 KILLED = FIXTURES / "killed_engine_run"
 BETWEEN = FIXTURES / "killed_between_rollouts_run"
 OLD = FIXTURES / "killed_before_is_gone_run"
 HUNG = FIXTURES / "hung_engine_run"
+SEGFAULT = FIXTURES / "segfault_engine_run"
 URL = "http://127.0.0.1:39025"  # engine 0 of killed_engine_run (its engines/0.log: listening on)
 
 
@@ -157,6 +158,29 @@ def test_a_stopped_engine_is_a_timeout_told_with_the_engines_log(capsys) -> None
     assert "The engine is engine 0 at http://127.0.0.1:46215" in dead["cause"]
 
 
+def test_a_crashed_engines_fatal_error_is_quoted_first(capsys) -> None:
+    code, report = _report(capsys, str(SEGFAULT))
+    assert code == 1
+    files = report["files"]
+    assert [Path(f["file"]).name for f in files] == ["0.log", "console.log"]
+    assert [f["rule"] for f in files[0]["findings"]] == ["segfault"]  # the engine's own log, first
+    (gone,) = _findings(report)["engine_gone"]
+    assert gone["title"] == (
+        "engine 0 (http://127.0.0.1:38861) is gone (killed by SIGSEGV): the run stopped at once; its log "
+        "ends with a fatal Python error"
+    )
+    engine_log = SEGFAULT / "engines" / "0.log"
+    cited = [(Path(e["file"]).name, e["line"]) for e in gone["evidence"]]
+    assert cited[:3] == [
+        ("0.log", _line_of(engine_log, "Fatal Python error: Segmentation fault")),
+        ("0.log", _line_of(engine_log, "Current thread 0x")),
+        ("0.log", _line_of(engine_log, "Current thread 0x") + 1),  # its innermost frame
+    ]
+    assert cited[3] == ("console.log", _line_of(SEGFAULT / "console.log", "' is gone: engine 0"))
+    assert "a crash in native code" in gone["cause"]
+    assert gone["details"]["engine_log_ends_with"] == "a fatal Python error"
+
+
 def test_a_single_file_is_scanned_alone_as_before(capsys) -> None:
     console = KILLED / "console.log"
     code, report = _report(capsys, str(console))
@@ -230,12 +254,12 @@ def test_an_engine_logs_traceback_is_quoted() -> None:
     lines = ["grpolab serve: listening on http://127.0.0.1:5", *_raised(), "INFO:     Shutting down"]
     tail = tuple(Line(i, text) for i, text in enumerate(lines, 1))
     words = last_words(EngineLog(0, "engines/0.log", "http://127.0.0.1:5", tail[0], tail))
-    assert words.kind == "traceback" and words.summary == "KeyError: 'weights'"
+    assert words.kind == KIND_TRACEBACK and words.summary == "KeyError: 'weights'"
     head, frame, exception = words.lines
     assert head.text == "Traceback (most recent call last):" and head.line == 2
     assert frame.text.strip().startswith(f'File "{__file__}"') and "_raised" in frame.text
     assert exception.text == "KeyError: 'weights'" and exception.line == len(lines) - 1
     killed = (Line(7, "Killed"),)
-    assert last_words(EngineLog(0, "f", None, None, killed)).kind == "killed"
+    assert last_words(EngineLog(0, "f", None, None, killed)).kind == KIND_KILLED
     oom = (Line(3, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),)
-    assert last_words(EngineLog(0, "f", None, None, oom)).kind == "out of memory"
+    assert last_words(EngineLog(0, "f", None, None, oom)).kind == KIND_OOM

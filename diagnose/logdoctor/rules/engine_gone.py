@@ -181,8 +181,15 @@ def _fix(gone: Gone) -> str:
             "stacks (py-spy dump --pid PID) before the timeout ends the run. Then start the run again: grpolab "
             "launches fresh engines."
         )
+    again = "Then start the run again: grpolab launches fresh engines."
+    if gone.state and "SIGKILL" in gone.state:
+        return (
+            f"Read the last lines of {log} (quoted in the run's error) for why the process ended; for a "
+            "SIGKILL nobody sent, look for the OOM killer (`dmesg`, `journalctl -k`) and give the engines "
+            f"more host memory or fewer engines per host. {again}"
+        )
     return (
-        f"Read the last lines of {log} (quoted in the run's error) for why the process ended; for a "
-        "SIGKILL nobody sent, look for the OOM killer (`dmesg`, `journalctl -k`) and give the engines more "
-        "host memory or fewer engines per host. Then start the run again: grpolab launches fresh engines."
+        f"Read the last lines of {log} (quoted in the run's error) for why the process ended: a Python "
+        "traceback names the exception, a fatal Python error lists the crashed thread's frames (start the "
+        f"run with PYTHONFAULTHANDLER=1 in the environment to get them; the engines inherit it). {again}"
     )
