@@ -220,6 +220,11 @@ class RunProfiling:
         or None (no trainer)."""
         self.profiler = RunProfiler.for_run(config, run_dir, rank)
         self.profiler.attach_actor(actor)
+        target = config.profiling.profile_target
+        if self.profiler.enabled and actor is None and target != "train_overall":
+            log.info(
+                f"warning: --profile-target {target}: this run builds no trainer; nothing will be traced"
+            )
         self.memory = MemoryRecorder.for_run(config, run_dir, rank)
         self._started = False
 
