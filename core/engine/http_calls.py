@@ -32,10 +32,14 @@ class HttpCallError(RuntimeError):
         url: the URL called.
         status: the HTTP status, or None (refused, reset, timed out).
         text: the answer's body (or the connection error), at most `MAX_QUOTED` characters.
+        timed_out: nothing answered within the call's timeout (the peer accepted, then said nothing: a
+            hung process rather than an exited one, whose connections are refused or reset).
     """
 
-    def __init__(self, method: str, url: str, status: int | None, text: str) -> None:
-        self.url, self.status, self.text = url, status, text[:MAX_QUOTED]
+    def __init__(
+        self, method: str, url: str, status: int | None, text: str, *, timed_out: bool = False
+    ) -> None:
+        self.url, self.status, self.text, self.timed_out = url, status, text[:MAX_QUOTED], timed_out
         what = f"HTTP {status}" if status is not None else "no answer"
         super().__init__(f"{method} {url}: {what}: {self.text}")
 
@@ -76,9 +80,10 @@ def call_json(
         raise HttpCallError(method, url, e.code, text) from None
     except OSError as e:  # URLError, refused, reset, timed out
         reason = getattr(e, "reason", e)
-        if isinstance(reason, TimeoutError):
+        timed_out = isinstance(reason, TimeoutError)
+        if timed_out:
             reason = f"timed out after {timeout:g} s"
-        raise HttpCallError(method, url, None, str(reason)) from None
+        raise HttpCallError(method, url, None, str(reason), timed_out=timed_out) from None
     text = raw.decode(errors="replace")
     try:
         return json.loads(text) if text else None

@@ -72,6 +72,10 @@ through the process check, its requests' errors and the liveness watch)."""
 GATHER_TIMEOUT_S = 30.0
 """Seconds the paused engines of a launched fleet may take to receive a rollout's requests before they
 decode what they hold (grpolab's: 64 requests arrive within ~0.5 s on a busy 2-core machine)."""
+RESUME_TIMEOUT_S = 1.0
+"""Seconds the best-effort `/continue_generation` after a failed held rollout may take per engine (grpolab
+serve answers in ms; one left paused is resumed by the next rollout's own pause/continue): a hung engine
+must not add a whole failure timeout to the failure."""
 WATCH_INTERVAL_S = 0.5
 """Seconds between checks of the fleet's processes while requests run."""
 EXIT_GRACE_S = 1.0
@@ -212,7 +216,7 @@ class HttpEngine:
                 for f in done:
                     if (error := f.exception()) is not None:
                         if isinstance(error, HttpCallError):  # nothing answered: a dead engine first
-                            self._check_processes(grace_s=EXIT_GRACE_S, answer=error)
+                            self._after_failed_call(error)
                         raise error
                 self._check_processes()
                 self._watch_liveness()
@@ -224,7 +228,7 @@ class HttpEngine:
                 for url in self.engine_urls:
                     try:
                         call_json(
-                            "POST", url + "/continue_generation", {}, timeout=self._cap(HEALTH_TIMEOUT_S)
+                            "POST", url + "/continue_generation", {}, timeout=self._cap(RESUME_TIMEOUT_S)
                         )
                     except (HttpCallError, ValueError):
                         pass
@@ -322,9 +326,7 @@ class HttpEngine:
                 call_json("GET", url + "/health_generate", None, timeout=self._cap(HEALTH_TIMEOUT_S))
             except (HttpCallError, EngineRequestError) as e:
                 self._suspect = i
-                self._check_processes(
-                    grace_s=EXIT_GRACE_S, answer=e if isinstance(e, HttpCallError) else None
-                )
+                self._after_failed_call(e if isinstance(e, HttpCallError) else None)
                 raise RuntimeError(f"engine {i} ({url}) failed its health check: {e}") from None
 
     def health(self) -> EngineHealth:
@@ -407,6 +409,12 @@ class HttpEngine:
                 self._suspect = self.fleet.engines.index(dead[0])
             raise EngineGoneError(dead[0].describe_exit() + self._answer_note(answer))
 
+    def _after_failed_call(self, error: HttpCallError | None) -> None:
+        """EngineGoneError when a fleet process exited, quoting `error`; waits `EXIT_GRACE_S` for one to be
+        seen exiting unless the call timed out (a hung engine, not an exited one: no time to lose)."""
+        timed_out = error is not None and error.timed_out
+        self._check_processes(grace_s=0.0 if timed_out else EXIT_GRACE_S, answer=error)
+
     def _answer_note(self, error: HttpCallError | None) -> str:
         """ "; the router answered HTTP 502: ..." (or "did not answer") for a gone engine's message."""
         if error is None:
@@ -423,6 +431,6 @@ class HttpEngine:
                 answers.append(call_json(method, url + path, body, timeout=self._cap(CONTROL_TIMEOUT_S)))
             except HttpCallError as e:
                 self._suspect = i
-                self._check_processes(grace_s=EXIT_GRACE_S, answer=e)
+                self._after_failed_call(e)
                 raise
         return answers
