@@ -133,6 +133,9 @@ def test_a_killed_engine_fails_the_run_at_once_and_leaves_no_process(tmp_path: P
     # (the seconds are the trainer's stop and the router's graceful shutdown, ~3-6 s on 2 busy cores)
     assert seconds < 30, seconds
     assert "engine 0 (http://127.0.0.1:" in err and "killed by SIGKILL" in err, err[-3000:]
+    # what went, not "failed for 0.0 s" (the log doctor's engine_gone verdict reads this prefix)
+    assert "rollout engine 'sglang fleet (1 engine behind http://127.0.0.1:" in err, err[-3000:]
+    assert "' is gone: engine 0 (http://127.0.0.1:" in err and "failed for" not in err, err[-3000:]
     assert "[engines/0.log]" in err  # the engine's last log lines are quoted
     status = [e for e in read_events(run) if e.get("event") == "status" or e.get("type") == "status"]
     assert status and status[-1].get("status") == "failed", status
