@@ -1,7 +1,8 @@
 """Process groups for multi-rank runs (torchrun), FSDP2 sharding and the few collectives the loop needs.
 
 `torchrun --nproc-per-node N -m grpolab train ...` starts N ranks; each rank runs its own engine on
-its contiguous share of the rollout's prompts (data-parallel rollout), the actor is sharded with
+its contiguous share of the rollout's prompts (data-parallel rollout; with engine servers rank 0 drives
+the fleet for every rank and broadcasts the rollout: central_rollout.py), the actor is sharded with
 FSDP2 (`fully_shard` per decoder layer plus the root), and full weights are gathered for each
 rank's engine sync. Loss denominators are global counts and gradients are SUM-reduced (FSDP2's
 divide factor set to 1), so the world size does not change the objective. gloo on CPU, NCCL on
