@@ -220,6 +220,17 @@ class Fleet:
             raise
         return fleet
 
+    def failure_log(self, i: int, n: int) -> list[str]:
+        """About `n` lines explaining engine `i`'s failure: its last log lines ("[engines/i.log] ..."), then
+        the router's last 3 ERROR/WARN lines about its URL, then the router's last 3 lines ("[router.log] ...")."""
+        engine = self.engines[i]
+        about = self.router.problems_about(engine.url, 3) if engine.url else []
+        last = [line for line in log_tail(self.router.log_path, 3) if line not in about]
+        router = [f"[router.log] {line}" for line in about + last]
+        return [
+            f"[engines/{i}.log] {line}" for line in log_tail(engine.log_path, max(1, n - len(router)))
+        ] + router
+
     def dead(self) -> list[FleetProcess]:
         """The fleet's processes that have exited (router first)."""
         return [p for p in (self.router, *self.engines) if p.exited() is not None]

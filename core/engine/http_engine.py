@@ -48,7 +48,7 @@ from grpolab.core.engine.base import (
     TensorMismatch,
 )
 from grpolab.core.engine.client import EngineGoneError
-from grpolab.core.engine.fleet import Fleet, log_tail
+from grpolab.core.engine.fleet import Fleet
 from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError, call_json
 from grpolab.core.engine.http_pool import KeepAlivePool
 from grpolab.core.engine.liveness import LivenessWatch
@@ -348,13 +348,7 @@ class HttpEngine:
             return [
                 f"(an already running fleet: the engines' logs are where they run; router {self.router_url})"
             ]
-        i = self._suspect or 0
-        engine = self.fleet.engines[i]
-        about = self.fleet.router.problems_about(engine.url, 3) if engine.url else []
-        last = [line for line in log_tail(self.fleet.router.log_path, 3) if line not in about]
-        router = [f"[router.log] {line}" for line in about + last]
-        lines = [f"[engines/{i}.log] {line}" for line in log_tail(engine.log_path, max(1, n - len(router)))]
-        return lines + router
+        return self.fleet.failure_log(self._suspect or 0, n)
 
     def shutdown(self, reason: str = "shutdown() was called") -> None:
         """Stop the engines grpolab launched (an external fleet keeps running); later calls fail."""
