@@ -6,8 +6,9 @@ still accepts its connections, nothing answers). `LivenessWatch` asks every engi
 and `grpolab serve` answer it at once, also while they decode) every `PROBE_INTERVAL_S` seconds (a
 quarter of the failure timeout when that is shorter, so an engine that answers is never late), each
 probe in its own thread so the caller's wait loop never blocks, and raises `EngineGoneError` for an
-engine that has not answered for `failure_timeout` seconds (`--engine-failure-timeout`), naming it, its
-URL and how long it has not answered.
+engine that has not answered 200 for `failure_timeout` seconds (`--engine-failure-timeout`), naming it,
+its URL, how long, and its last answer if it gave one (SGLang's /health is 503 when its scheduler
+produced nothing within 20 s: alive but not working counts as not answering).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class LivenessWatch:
         failure_timeout: seconds without an answer after which an engine counts as hung; > 0.
         clock: monotonic seconds (injectable for tests).
         probe: one health call `(url) -> None`, raising when it fails (default: `GET url/health` with
-            `failure_timeout` as its timeout).
+            `failure_timeout` as its timeout; any answer but a 2xx fails).
 
     Raises:
         ValueError: a non-positive `failure_timeout`.
@@ -55,6 +56,7 @@ class LivenessWatch:
         self.interval = min(PROBE_INTERVAL_S, failure_timeout / 4)
         self._sent = dict.fromkeys(self.urls, now - self.interval)  # the first probes go out at once
         self._in_flight: dict[str, Future] = {}
+        self._last_error: dict[str, str] = {}  # each engine's last failed probe, for the message
         self.hung: int | None = None  # the index of the engine `check` found hung
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.urls)), thread_name_prefix="liveness")
 
@@ -69,14 +71,19 @@ class LivenessWatch:
             future = self._in_flight.get(url)
             if future is not None and future.done():
                 del self._in_flight[url]
-                if future.exception() is None:
+                if (error := future.exception()) is None:
                     self._answered[url] = max(self._answered[url], self._sent[url])  # answered since
+                elif isinstance(error, HttpCallError) and error.status is not None:
+                    self._last_error[url] = f"; its last answer: HTTP {error.status}: {error.text}"
+                elif isinstance(error, EngineRequestError):
+                    self._last_error[url] = f"; its last answer: {error}"
             silent = now - self._answered[url]
             if silent >= self.failure_timeout:
                 self.hung = i
                 raise EngineGoneError(
                     f"engine {i} ({url}) has not answered GET /health for {silent:.1f} s (hung: "
                     f"--engine-failure-timeout {self.failure_timeout:g} treats it as dead)"
+                    + self._last_error.get(url, "")
                 )
             if url not in self._in_flight and now - self._sent[url] >= self.interval:
                 self._sent[url] = now
@@ -87,10 +94,4 @@ class LivenessWatch:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _health(self, url: str) -> None:
-        try:
-            call_json("GET", url + "/health", None, timeout=self.failure_timeout)
-        except EngineRequestError:
-            return  # it answered (a 400): alive
-        except HttpCallError as e:
-            if e.status is None:  # nothing answered; an error status is an answer: alive
-                raise
+        call_json("GET", url + "/health", None, timeout=self.failure_timeout)  # raises unless 2xx

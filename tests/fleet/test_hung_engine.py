@@ -134,3 +134,38 @@ def test_the_watch_names_the_silent_engine_and_spares_the_one_that_answers(
     finally:
         watch.close()
     assert watch.hung == 1 and TIMEOUT_S <= time.monotonic() - start < TIMEOUT_S + 1.2
+
+
+class _Unwell(BaseHTTPRequestHandler):
+    """Answers /health 503, as SGLang does when its scheduler produced nothing within 20 s."""
+
+    def do_GET(self) -> None:
+        data = b"engine not ok: scheduler stuck\n"
+        self.send_response(503)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_engine_answering_503_counts_as_not_answering() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Unwell)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    watch = LivenessWatch([url], failure_timeout=TIMEOUT_S)
+    start = time.monotonic()
+    try:
+        with pytest.raises(EngineGoneError) as info:
+            while time.monotonic() - start < 5:
+                watch.check()
+                time.sleep(0.05)
+    finally:
+        watch.close()
+        server.shutdown()
+        server.server_close()
+    assert str(info.value).endswith(
+        "; its last answer: HTTP 503: a text answer: 'engine not ok: scheduler stuck'"
+    )
+    assert f"engine 0 ({url}) has not answered GET /health for " in str(info.value)
