@@ -72,7 +72,7 @@ class LivenessWatch:
             if future is not None and future.done():
                 del self._in_flight[url]
                 if (error := future.exception()) is None:
-                    self._answered[url] = max(self._answered[url], self._sent[url])  # answered since
+                    self._answered[url] = max(self._answered[url], future.result())
                 elif isinstance(error, HttpCallError) and error.status is not None:
                     self._last_error[url] = f"; its last answer: HTTP {error.status}: {error.text}"
                 elif isinstance(error, EngineRequestError):
@@ -87,11 +87,16 @@ class LivenessWatch:
                 )
             if url not in self._in_flight and now - self._sent[url] >= self.interval:
                 self._sent[url] = now
-                self._in_flight[url] = self._pool.submit(self._probe, url)
+                self._in_flight[url] = self._pool.submit(self._timed_probe, url)
 
     def close(self) -> None:
         """Stop watching (a probe still in flight ends at its own timeout, in the background)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _timed_probe(self, url: str) -> float:
+        """The probe; returns when it was answered (the clock's seconds)."""
+        self._probe(url)
+        return self._clock()
 
     def _health(self, url: str) -> None:
         call_json("GET", url + "/health", None, timeout=self.failure_timeout)  # raises unless 2xx
