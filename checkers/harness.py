@@ -12,10 +12,20 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from grpolab.checkers import grad_norm, kl, logprobs, model_hash, numeric_guard, weight_update, weight_version
+from grpolab.checkers import (
+    grad_norm,
+    kl,
+    logprobs,
+    model_hash,
+    numeric_guard,
+    step_hash,
+    weight_update,
+    weight_version,
+)
 from grpolab.checkers.errors import CheckFailure
 from grpolab.checkers.metric import MetricChecker
 from grpolab.core.atomic import atomic_write_json
@@ -23,6 +33,9 @@ from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.engine.base import ChecksWeights, RolloutEngine, capability
 from grpolab.rundir.writer import RunDirectory
+
+if TYPE_CHECKING:
+    from grpolab.core.actor import Actor
 
 log = logging.getLogger("grpolab")
 
@@ -194,6 +207,19 @@ class CheckHarness:
                 rollout_id=rollout_id,
                 step_id=step_in_rollout,
             )
+
+    def step_hasher(self, actor: Actor, *, world_size: int) -> Callable[[int], None] | None:
+        """`--save-model-hash-every-step`: the callback `Actor.train` calls with `train/step` after each
+        optimizer step (writes `checks/model_hash_step_<N>.json`, rank 0); None when off or not rank 0."""
+        if not self.ci.save_model_hash_every_step or self.run_dir.rank != 0:
+            return None
+
+        def write(step: int) -> None:
+            step_hash.save_step_hashes(
+                self.run_dir.path, step, actor.local_named_weights(), world_size=world_size
+            )
+
+        return write
 
     def after_eval(self, rollout_id: int, metrics: dict[str, float]) -> None:
         if self.metric is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -183,6 +183,7 @@ class Actor:
         *,
         step_offset: int,
         apply_update: bool = True,
+        after_step: Callable[[int], None] | None = None,
     ) -> list[dict[str, float]]:
         """Run the optimizer steps of one rollout; return one `train/*` metrics dict per step.
 
@@ -192,6 +193,7 @@ class Actor:
             ref: per-sample reference log-probs (needed with `--use-kl-loss`), else None.
             step_offset: `train/step` of the first window (rollout_id × steps_per_rollout).
             apply_update: False skips the optimizer step (forward/backward still run).
+            after_step: called with `train/step` after each optimizer step (--save-model-hash-every-step).
         """
         local = self.local_batch_size
         metrics = []
@@ -199,6 +201,8 @@ class Actor:
         for step_id, start in enumerate(range(0, len(samples), local)):
             window = list(range(start, min(start + local, len(samples))))
             metrics.append(self._train_window(samples, window, old, ref, step_offset + step_id, apply_update))
+            if after_step is not None:
+                after_step(step_offset + step_id)
         self.model.eval()
         return metrics
 

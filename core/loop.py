@@ -282,6 +282,7 @@ class GRPORun:
                 ref.log_probs,
                 step_offset=rollout_id * self.cfg.steps_per_rollout,
                 apply_update=not self.cfg.debug.debug_disable_optimizer,
+                after_step=self.harness.step_hasher(self.actor, world_size=self.dist.world_size),
             )
         for step_in_rollout, step_metrics in enumerate(steps):
             self._emit("step", int(step_metrics["train/step"]), step_metrics, rollout_id=rollout_id)

@@ -156,18 +156,20 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
             run_id=str(read_run_meta(run_dir.path).raw.get("run_id") or ""),  # written by open_run
             run_dir=str(cfg.run.run_dir),
         )
+    data = data_identity(
+        dataset.path,
+        num_rows=len(dataset),
+        rollout_batch_size=rollout.rollout_batch_size,
+        seed=cfg.run.seed,
+        shuffle=cfg.data.rollout_shuffle,
+        **dataset_kw,
+    )
+    run_dir.add_to_run_json(data_identity=data.to_dict())  # `grpolab diff` compares the data files
     return RunParts(
         fingerprint=fingerprint,
         tokenizer=tokenizer,
         chat_template_unapplied=template_unapplied,
-        data=data_identity(
-            dataset.path,
-            num_rows=len(dataset),
-            rollout_batch_size=rollout.rollout_batch_size,
-            seed=cfg.run.seed,
-            shuffle=cfg.data.rollout_shuffle,
-            **dataset_kw,
-        ),
+        data=data,
         eval_sets=eval_sets,
         sampling=sampling,
         engine=engine,

@@ -144,6 +144,9 @@ class CIConfig:
     """Write per-layer SHA-256 hashes next to every checkpoint."""
     ci_check_model_hash: bool = False
     """After --load, recompute the per-layer hashes and compare with the saved ones."""
+    save_model_hash_every_step: bool = False
+    """After every optimizer step, write each parameter's SHA-256 to RUN_DIR/checks/model_hash_step_<N>.json
+    (`grpolab diff` names the first parameter that differs; rank 0's shard on several ranks)."""
     ci_max_abs_advantage: float = 10.0
     """Numeric guard: the largest allowed |advantage|."""
     ci_ft_test_actions: str | None = None
