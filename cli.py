@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.serve.command import add_serve_parser
 
     add_serve_parser(sub)
+    from grpolab.diff.bisect import add_bisect_parser
+
+    add_bisect_parser(sub)
     sub.metavar = "{" + ",".join(sub.choices) + "}"  # "required: {train,…}", not the dest's name
     return parser
 
@@ -151,6 +154,10 @@ def _dispatch(argv: list[str] | None) -> int:
         from grpolab.diagnose.cli import run_diagnose_command
 
         return run_diagnose_command(args)
+    if args.command == "bisect":
+        from grpolab.diff.bisect import run_bisect_command
+
+        return run_bisect_command(args)
     return 0
 
 
