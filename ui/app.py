@@ -24,6 +24,7 @@ navigation = st.navigation(
         st.Page(PAGES / "timeline.py", title="Timeline"),
         st.Page(PAGES / "rollouts.py", title="Rollouts"),
         st.Page(PAGES / "diagnose.py", title="Diagnose"),
+        st.Page(PAGES / "bisect.py", title="Bisect"),
     ]
 )
 st.sidebar.caption("RUNS_ROOT: " + ", ".join(runs_roots()))

@@ -4,11 +4,13 @@ The UI only reads run directories; work that writes into one (`grpolab replay lo
 command a user would type, in a subprocess. Jobs live in one registry per UI process (every browser
 session sees the same ones), keyed by what they compute, so a page reload finds a running job again
 and a second click does not start a duplicate. stderr goes to a temporary file (a pipe could fill
-and block the child); stdout is discarded (the command's result is the file it writes).
+and block the child); stdout is discarded (the command's result is the file it writes), or, for a
+command whose progress lines go to stdout (`grpolab bisect`), written to the same file.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -28,7 +30,8 @@ class Job:
 
     Attributes:
         args: the grpolab arguments (after `grpolab`); process: the running child.
-        stderr_path: where its stderr goes; started: unix seconds.
+        stderr_path: where its stderr goes (and its stdout, when started with `with_stdout`);
+        started: unix seconds.
     """
 
     args: list[str]
@@ -71,8 +74,12 @@ def get(key: Hashable) -> Job | None:
         return _JOBS.get(key)
 
 
-def start(key: Hashable, args: list[str]) -> Job:
+def start(key: Hashable, args: list[str], *, with_stdout: bool = False) -> Job:
     """Start `python -m grpolab *args` under `key`; a job still running under `key` is returned instead.
+
+    `with_stdout` sends the child's stdout to the stderr file too (interleaved as written), for
+    commands whose progress is on stdout (unbuffered, PYTHONUNBUFFERED=1, so each line shows as it is
+    printed); otherwise stdout is discarded.
 
     Raises:
         OSError: the interpreter cannot be started or the temporary file cannot be made.
@@ -88,8 +95,9 @@ def start(key: Hashable, args: list[str]) -> Job:
             process = subprocess.Popen(
                 [sys.executable, "-m", "grpolab", *args],
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                stdout=stderr if with_stdout else subprocess.DEVNULL,
                 stderr=stderr,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"} if with_stdout else None,
             )
         job = _JOBS[key] = Job(list(args), process, Path(name), time.time())
         return job

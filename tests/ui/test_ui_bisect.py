@@ -1,0 +1,124 @@
+"""The Bisect page: past `grpolab bisect` reports listed from report.json, a bisect started as a job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from grpolab.ui import bisect_reports, jobs
+from grpolab.ui.bisect_reports import BisectRequest
+
+APP = Path(__file__).resolve().parents[2] / "ui" / "app.py"
+FIRST_BAD = {
+    "commit": "5e0c2b1d9a8f7e6d5c4b3a29180716253e4f5a6b",
+    "short": "5e0c2b1",
+    "subject": "loss: divide by the token count",
+    "author_date": "2026-11-30T10:05:00+00:00",
+    "show": "commit 5e0c2b1d9a8f\n\n    loss: divide by the token count\n\n core/loss.py | 2 +-",
+}
+TESTED = [
+    {"commit": "a1" * 20, "verdict": "good", "seconds": 6.1, "run_dir": "/tmp/bisect/a1"},
+    {"commit": "b2" * 20, "verdict": "bad", "seconds": 6.4, "run_dir": "/tmp/bisect/b2"},
+    {"commit": FIRST_BAD["commit"], "verdict": "bad", "seconds": 5.9, "run_dir": "/tmp/bisect/5e"},
+]
+
+
+def _page(monkeypatch: pytest.MonkeyPatch, root: Path, folder: Path) -> AppTest:
+    monkeypatch.setenv("GRPOLAB_UI_ROOTS", str(root))
+    at = AppTest.from_file(str(APP), default_timeout=120).run()
+    at.switch_page("app_pages/bisect.py").run()
+    at.text_input(key="bisect_dir").input(str(folder)).run()
+    return at
+
+
+def _texts(at: AppTest, kind: str) -> list[str]:
+    return [str(e.value) for e in getattr(at, kind)]
+
+
+@pytest.fixture
+def bisect_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "bisect"
+    (folder / "20261201T101500Z").mkdir(parents=True)
+    report = {"good": "a1" * 20, "bad": "b2" * 20, "first_bad": FIRST_BAD, "tested": TESTED}
+    (folder / "20261201T101500Z" / "report.json").write_text(json.dumps(report))
+    (folder / "20261130T090000Z").mkdir()
+    (folder / "20261130T090000Z" / "report.json").write_text("{not json")
+    (folder / "20261201T120000Z").mkdir()  # a bisect still running: no report.json yet
+    return folder
+
+
+def test_list_reports_newest_first(bisect_dir: Path) -> None:
+    found = bisect_reports.list_reports(bisect_dir)
+    assert [f.folder.name for f in found] == ["20261201T101500Z", "20261130T090000Z"]
+    assert found[0].first_bad == FIRST_BAD and found[0].tested == TESTED and found[0].error is None
+    assert found[1].error is not None and found[1].error.startswith(str(bisect_dir / "20261130T090000Z"))
+    assert "is not JSON" in found[1].error and found[1].first_bad is None
+    assert bisect_reports.list_reports(bisect_dir / "missing") == []
+
+
+def test_bisect_args() -> None:
+    req = BisectRequest(
+        good="v1",
+        bad="HEAD",
+        output_dir=Path("/tmp/b"),
+        recording="/r/rollout_{rollout_id}.grz",
+        num_rollout=2,
+        metrics=("train/loss",),
+        train_flags="--lr 1e-5 --micro-batch-size '2'",
+    )
+    assert bisect_reports.bisect_args(req) == [
+        "bisect", "--good", "v1", "--bad", "HEAD", "--recording", "/r/rollout_{rollout_id}.grz",
+        "--num-rollout", "2", "--metric", "train/loss", "--tol", "0", "--output-dir", "/tmp/b",
+        "--", "--lr", "1e-5", "--micro-batch-size", "2",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="--recording"):
+        bisect_reports.bisect_args(BisectRequest("v1", "HEAD", Path("/tmp/b")))
+    with pytest.raises(ValueError, match="--good is required"):
+        bisect_reports.bisect_args(BisectRequest(" ", "HEAD", Path("/tmp/b"), recording="r"))
+    with pytest.raises(ValueError, match="unclosed|quotation"):
+        bisect_reports.bisect_args(
+            BisectRequest("v1", "HEAD", Path("/tmp/b"), recording="r", train_flags="'x")
+        )
+
+
+def test_bisect_page_lists_past_reports(
+    bisect_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at = _page(monkeypatch, tmp_path, bisect_dir)
+    assert not at.exception
+    assert _texts(at, "subheader") == ["20261201T101500Z", "20261130T090000Z"]
+    assert "`5e0c2b1` is the first bad commit" in _texts(at, "error")
+    assert any(
+        "loss: divide by the token count" in m and "2026-11-30T10:05" in m for m in _texts(at, "markdown")
+    )
+    assert any("core/loss.py | 2 +-" in c for c in _texts(at, "code"))
+    tested = at.dataframe[0].value
+    assert tested["verdict"].tolist() == ["good", "bad", "bad"]
+    assert tested["run_dir"].tolist() == ["/tmp/bisect/a1", "/tmp/bisect/b2", "/tmp/bisect/5e"]
+    assert any("Unreadable bisect report" in w and "is not JSON" in w for w in _texts(at, "warning"))
+
+
+def test_bisect_page_starts_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "bisect"
+    at = _page(monkeypatch, tmp_path, folder)
+    assert any("No bisect reports under" in i for i in _texts(at, "info"))
+    at.button(key="bisect_start").click().run()
+    assert "--good is required" in _texts(at, "error")
+    at.text_input(key="bisect_good").input("no-such-rev-xyz")
+    at.button(key="bisect_start").click().run()
+    assert "--recording (or --cmd) is required" in _texts(at, "error")
+    assert jobs.get(("bisect", str(folder))) is None
+    at.text_input(key="bisect_recording").input(str(tmp_path / "rollout_{rollout_id}.grz"))
+    at.text_input(key="bisect_flags").input("--lr 1e-5")
+    at.button(key="bisect_start").click().run()  # starts it, polls until it ends: a bad --good is exit 2
+    assert not at.exception
+    job = jobs.get(("bisect", str(folder)))
+    assert job is not None and job.command == (
+        f"grpolab bisect --good no-such-rev-xyz --bad HEAD --recording {tmp_path}/rollout_{{rollout_id}}.grz "
+        f"--tol 0 --output-dir {folder} -- --lr 1e-5"
+    )
+    assert job.returncode == 2
+    assert any("failed (exit 2)" in e for e in _texts(at, "error"))
