@@ -1,5 +1,6 @@
-"""The Bisect page's files and command: past `grpolab bisect` reports (BISECT_DIR/<UTC time>/report.json)
-and the `grpolab bisect` argument list the page starts as a job (grpolab.ui.jobs).
+"""The Bisect page's files and command: past `grpolab bisect` reports (BISECT_DIR/<UTC time>/report.json,
+written by diff/bisect.py `_write_report`) and the `grpolab bisect` argument list the page starts as a
+job (grpolab.ui.jobs).
 
 No Streamlit here: the page (ui/app_pages/bisect.py) shows what these functions return.
 """
@@ -44,7 +45,9 @@ class StoredBisect:
 
     @property
     def tested(self) -> list[dict[str, Any]]:
-        """The tested commits in test order, one object each (commit, verdict, seconds, run_dir, ...)."""
+        """The tested commits in test order, one object each as diff/bisect.py's `Tested.to_dict` writes
+        it: commit, short, subject, verdict (good | bad | skip), reason, run (its run directory),
+        status, seconds, cached, and first_step / metrics for a commit compared with the good one."""
         rows = self.report.get("tested")
         return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from grpolab.diff.report import MetricDivergence, RunDiff
 from grpolab.ui import bisect_reports, jobs
 from grpolab.ui.bisect_reports import BisectRequest
 
@@ -19,11 +20,33 @@ FIRST_BAD = {
     "author_date": "2026-11-30T10:05:00+00:00",
     "show": "commit 5e0c2b1d9a8f\n\n    loss: divide by the token count\n\n core/loss.py | 2 +-",
 }
+
+
+def _tested(commit: str, short: str, verdict: str, seconds: float, run: str, **more: object) -> dict:
+    """One tested commit as diff/bisect.py's Tested.to_dict writes it."""
+    row = {"commit": commit, "short": short, "subject": f"commit {short}", "verdict": verdict, "reason": ""}
+    row |= {"run": run, "status": "ran", "seconds": seconds, "run_path": run, "output": run + ".out"}
+    return row | {"exit_code": 0, "tail": "", "cached": False} | more
+
+
 TESTED = [
-    {"commit": "a1" * 20, "verdict": "good", "seconds": 6.1, "run_dir": "/tmp/bisect/a1"},
-    {"commit": "b2" * 20, "verdict": "bad", "seconds": 6.4, "run_dir": "/tmp/bisect/b2"},
-    {"commit": FIRST_BAD["commit"], "verdict": "bad", "seconds": 5.9, "run_dir": "/tmp/bisect/5e"},
+    _tested("a1" * 20, "a1a1a1a", "good", 6.1, "/tmp/bisect/a1", reason="reference"),
+    _tested("b2" * 20, "b2b2b2b", "bad", 6.4, "/tmp/bisect/b2", first_step=0, metrics=["train/loss"]),
+    _tested(
+        FIRST_BAD["commit"], "5e0c2b1", "bad", 5.9, "/tmp/bisect/5e", first_step=0, metrics=["train/loss"]
+    ),
+    _tested(
+        "c3" * 20, "c3c3c3c", "skip", 0.8, "/tmp/bisect/c3", status="crashed", exit_code=1, reason="exit 1"
+    ),
 ]
+DIFF = RunDiff(
+    "/tmp/bisect/a1",
+    "/tmp/bisect/5e",
+    "differs",
+    metrics=[MetricDivergence("train/loss", 0, 0.125, 0.25)],
+    first_step=0,
+    common_steps=2,
+).to_dict()
 
 
 def _page(monkeypatch: pytest.MonkeyPatch, root: Path, folder: Path) -> AppTest:
@@ -42,7 +65,8 @@ def _texts(at: AppTest, kind: str) -> list[str]:
 def bisect_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "bisect"
     (folder / "20261201T101500Z").mkdir(parents=True)
-    report = {"good": "a1" * 20, "bad": "b2" * 20, "first_bad": FIRST_BAD, "tested": TESTED}
+    report = {"good": "a1" * 20, "bad": "b2" * 20, "exit_code": 0, "replays": 3, "tested": TESTED}
+    report |= {"first_bad": FIRST_BAD, "diff": DIFF, "notes": ["/repo has uncommitted changes"]}
     (folder / "20261201T101500Z" / "report.json").write_text(json.dumps(report))
     (folder / "20261130T090000Z").mkdir()
     (folder / "20261130T090000Z" / "report.json").write_text("{not json")
@@ -96,8 +120,19 @@ def test_bisect_page_lists_past_reports(
     )
     assert any("core/loss.py | 2 +-" in c for c in _texts(at, "code"))
     tested = at.dataframe[0].value
-    assert tested["verdict"].tolist() == ["good", "bad", "bad"]
-    assert tested["run_dir"].tolist() == ["/tmp/bisect/a1", "/tmp/bisect/b2", "/tmp/bisect/5e"]
+    assert tested["short"].tolist() == ["a1a1a1a", "b2b2b2b", "5e0c2b1", "c3c3c3c"]
+    assert tested["verdict"].tolist() == ["good", "bad", "bad", "skip"]
+    assert tested["seconds"].tolist() == [6.1, 6.4, 5.9, 0.8]
+    assert tested["run"].tolist() == ["/tmp/bisect/a1", "/tmp/bisect/b2", "/tmp/bisect/5e", "/tmp/bisect/c3"]
+    assert tested["metrics"].tolist() == ["", "train/loss", "train/loss", ""]
+    assert "4 commits tested, 3 replayed (the others from the cache)" in _texts(at, "caption")
+    assert any(
+        m.startswith("**grpolab diff** (good vs first bad): differs; first divergent step 0")
+        for m in _texts(at, "markdown")
+    )
+    divergence = at.dataframe[1].value
+    assert divergence[["key", "step", "a", "b"]].values.tolist() == [["train/loss", 0, 0.125, 0.25]]
+    assert "/repo has uncommitted changes" in _texts(at, "warning")
     assert any("Unreadable bisect report" in w and "is not JSON" in w for w in _texts(at, "warning"))
 
 
@@ -122,3 +157,5 @@ def test_bisect_page_starts_the_command(tmp_path: Path, monkeypatch: pytest.Monk
     )
     assert job.returncode == 2
     assert any("failed (exit 2)" in e for e in _texts(at, "error"))
+    assert "grpolab bisect: error: --good no-such-rev-xyz: no such commit in" in _texts(at, "code")[-1]
+    assert not folder.exists()  # bad input: nothing written

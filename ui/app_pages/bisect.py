@@ -75,16 +75,48 @@ def _job_section(folder: Path) -> None:
             st.code(job.stderr_tail(OUTPUT_LINES), language=None)
 
 
+TESTED_COLUMNS = [
+    "short",
+    "verdict",
+    "seconds",
+    "cached",
+    "reason",
+    "subject",
+    "run",
+    "first_step",
+    "metrics",
+]
+"""report.json's tested-commit fields the table shows, in this order (diff/bisect.py `Tested.to_dict`)."""
+
+
+def _show_diff(diff: dict) -> None:
+    """What `grpolab diff` said about the first bad commit's run against the good one (RunDiff.to_dict)."""
+    verdict = str(diff.get("verdict", "")).replace("_", " ")
+    st.markdown(
+        f"**grpolab diff** (good vs first bad): {verdict}; first divergent step {diff.get('first_step')}"
+    )
+    metrics = pd.DataFrame(diff.get("metrics") or [])
+    if not metrics.empty:
+        st.dataframe(metrics, hide_index=True, width="stretch")
+    sample = diff.get("sample")
+    if isinstance(sample, dict):
+        st.caption(
+            f"First differing sample: rollout {sample.get('rollout_id')}, prompt {sample.get('prompt_index')}, "
+            f"sample {sample.get('sample_index')}, token {sample.get('token_index')} ({sample.get('field')})"
+        )
+
+
 def _show_report(found: StoredBisect) -> None:
-    """One past report: the first bad commit (git bisect's line), its diff stat, the tested commits."""
+    """One past report: git bisect's line with subject, date and diff stat, the tested commits (verdict,
+    seconds, run directory), what diff said, and the notes."""
     st.subheader(found.folder.name)
     st.caption(f"Written {state.fmt_time(found.taken)} UTC · {found.folder / bisect_reports.REPORT}")
     if found.error is not None:
         st.warning(f"Unreadable bisect report: {found.error}")
         return
-    first = found.first_bad
+    report, first = found.report, found.first_bad
     if first is None:
-        st.warning("This bisect named no first bad commit.")
+        st.warning(f"This bisect named no first bad commit (exit {report.get('exit_code')}).")
     else:
         short = first.get("short") or str(first.get("commit", ""))[:7]
         st.error(f"`{short}` is the first bad commit")
@@ -94,7 +126,19 @@ def _show_report(found: StoredBisect) -> None:
                 st.code(str(first["show"]), language=None)
     tested = pd.DataFrame(found.tested)
     if not tested.empty:
-        st.dataframe(tested, hide_index=True, width="stretch", key=f"bisect_tested_{found.folder.name}")
+        replays = report.get("replays")
+        st.caption(
+            f"{len(tested)} commits tested"
+            + (f", {replays} replayed (the others from the cache)" if replays is not None else "")
+        )
+        shown = tested[[c for c in TESTED_COLUMNS if c in tested.columns]].copy()
+        if "metrics" in shown.columns:  # the keys that differ: a list, or absent for the good end
+            shown["metrics"] = [", ".join(m) if isinstance(m, list) else "" for m in shown["metrics"]]
+        st.dataframe(shown, hide_index=True, width="stretch", key=f"bisect_tested_{found.folder.name}")
+    if isinstance(report.get("diff"), dict):
+        _show_diff(report["diff"])
+    for note in report.get("notes") or []:
+        st.warning(str(note))
 
 
 st.title("Bisect")
