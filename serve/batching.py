@@ -68,6 +68,8 @@ class Batcher:
         paused: True between `pause()` and `resume()`.
         batches: number of `engine.generate` calls made so far.
         requests_done: requests answered with generated tokens.
+        last_batch_seconds: wall seconds of the last batch's `engine.generate` calls (0.0 before any), so a
+            client can tell the decode from its HTTP overhead (benchmarks/bench_http_engine.py).
     """
 
     def __init__(self, engine: RolloutEngine, *, batch_wait_s: float = BATCH_WAIT_S) -> None:
@@ -78,6 +80,7 @@ class Batcher:
         self.batches = 0
         self.requests_done = 0
         self.batch_sizes: list[int] = []
+        self.last_batch_seconds = 0.0
         self._queue: list[Pending] = []
         self._running: list[Pending] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
@@ -182,13 +185,15 @@ class Batcher:
             return await self.on_engine_thread(fn, *args)
 
     def stats(self) -> dict[str, Any]:
-        """Counters for `/server_info`: batches, requests answered, queue, recent batch sizes."""
+        """Counters for `/server_info`: batches, requests answered, queue, recent batch sizes, the last
+        batch's decode seconds."""
         return {
             "batches": self.batches,
             "requests_done": self.requests_done,
             "running_requests": self.running,
             "waiting_requests": self.waiting,
             "recent_batch_sizes": list(self.batch_sizes),
+            "last_batch_seconds": self.last_batch_seconds,
             "paused": self.paused,
         }
 
@@ -220,6 +225,7 @@ class Batcher:
         for p in sorted(batch, key=lambda p: rid_order(p.item.rid)):  # stable: equal rids keep arrival order
             groups.setdefault(p.item.params, []).append(p)
         self.batch_sizes = (self.batch_sizes + [len(batch)])[-HISTORY:]
+        start = time.perf_counter()
         for params, members in groups.items():
             reqs = [GenerationRequest(prompt_ids=p.item.prompt_ids, seed=p.item.seed) for p in members]
             try:
@@ -235,3 +241,4 @@ class Batcher:
                 if not p.future.done():
                     p.future.set_result(r)
                     self.requests_done += 1
+        self.last_batch_seconds = time.perf_counter() - start
