@@ -3,7 +3,7 @@
 `grpolab train [Miles-style flags]` runs GRPO and writes a run directory. Its flags are generated from
 the config dataclasses (`core/config/flags.py`) and use Miles names and meanings; a repeated flag keeps
 its last value (argparse semantics). `--nproc-per-node N` re-launches under torchrun (`core/launch.py`).
-The other subcommands bring their own parsers: replay, ui, hash, gate, diagnose/watchdog.
+The other subcommands bring their own parsers: replay, ui, hash, gate, diagnose/watchdog, diff, bisect.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.serve.command import add_serve_parser
 
     add_serve_parser(sub)
+    from grpolab.diff.command import add_diff_parser
+
+    add_diff_parser(sub)
     from grpolab.diff.bisect import add_bisect_parser
 
     add_bisect_parser(sub)
@@ -154,6 +157,10 @@ def _dispatch(argv: list[str] | None) -> int:
         from grpolab.diagnose.cli import run_diagnose_command
 
         return run_diagnose_command(args)
+    if args.command == "diff":
+        from grpolab.diff.command import run_diff_command
+
+        return run_diff_command(args)
     if args.command == "bisect":
         from grpolab.diff.bisect import run_bisect_command
 

@@ -1,0 +1,113 @@
+"""What `grpolab diff` reads of a run: a grpolab run directory or a Miles/slime console log.
+
+One `RunSource` per side, read through the project's readers only: run.json, metrics.jsonl and
+events.jsonl through `rundir.reader`, a log through `rundir.foreign_logs.parse_file`, recordings
+through `rundir.recordings.recorded_rollouts`, per-step hashes through `checkers.step_hash`. The
+metric frame is built by `ui.readers.records_to_frame`, the one the Compare page draws from, so both
+see the same (kind, step) rows (Miles' two `perf N:` lines merged, a resumed run's last values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from grpolab.checkers.step_hash import step_hash_files
+from grpolab.rundir import reader, recordings
+from grpolab.rundir.foreign_logs import parse_file
+from grpolab.ui.readers import INDEX_NAMES, records_to_frame
+
+
+class DiffInputError(ValueError):
+    """A path given to `grpolab diff` is not a run (the message names it and says why); exit 2."""
+
+
+@dataclass
+class RunSource:
+    """One side of a diff.
+
+    Attributes:
+        path: the run directory or log file; kind: "grpolab" or "log".
+        frame: metrics as a (kind, step) frame, one float64 column per key plus `time`.
+        config: the resolved config (run.json "config" with "seed"), or {"flags": {...}} for a log.
+        environment: run.json's environment fingerprint ({} for a log).
+        data: run.json's data identity ({} when not recorded: a log, or a run older than it).
+        recordings: rollout id → .grz file of the rollouts the run recorded ({} for a log).
+        step_hashes: step → checks/model_hash_step_<N>.json ({} for a log or without the flag).
+        tokenizer_dir: the run's --hf-checkpoint when it is a local folder (for decoding), else None.
+    """
+
+    path: Path
+    kind: str
+    frame: pd.DataFrame
+    config: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    recordings: dict[int, Path] = field(default_factory=dict)
+    step_hashes: dict[int, Path] = field(default_factory=dict)
+    tokenizer_dir: Path | None = None
+
+
+def read_source(path: str | Path) -> RunSource:
+    """Read one side: a run directory (`reader.is_run_dir`) or a Miles/slime/grpolab console log.
+
+    Raises:
+        DiffInputError: the path does not exist, is a folder that is not a run directory, a run
+            directory whose run.json does not read, a file that is not readable or holds no metric
+            line (every message names the path).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise DiffInputError(f"{p}: no such file or directory")
+    if p.is_dir():
+        if not reader.is_run_dir(p):
+            raise DiffInputError(f"{p}: not a run directory (no {', '.join(reader.RUN_MARKERS)})")
+        return _read_run_dir(p)
+    try:
+        parsed = parse_file(p)
+    except OSError as e:
+        raise DiffInputError(f"{p}: unreadable ({e.strerror or e})") from None
+    if not parsed.records:
+        raise DiffInputError(f"{p}: not a run directory, and no metric line of a Miles/slime log in it")
+    return RunSource(
+        path=p, kind="log", frame=records_to_frame(parsed.records), config={"flags": parsed.flags}
+    )
+
+
+def _read_run_dir(path: Path) -> RunSource:
+    """A grpolab run directory's side (run.json must read; metrics may be absent: judged later)."""
+    try:
+        meta = reader.read_run_meta(path)
+        records = reader.read_metrics(path)
+        events = reader.read_events(path)
+    except (reader.RunDirError, OSError) as e:
+        raise DiffInputError(str(e)) from None
+    config = dict(meta.config_dict)
+    if meta.seed is not None:
+        config["seed"] = meta.seed
+    debug = config.get("debug")
+    template = debug.get("save_debug_rollout_data") if isinstance(debug, dict) else None
+    data = meta.raw.get("data_identity")
+    model = recordings.locate(path, meta.model) if meta.model else None
+    return RunSource(
+        path=path,
+        kind="grpolab",
+        frame=records_to_frame(records),
+        config=config,
+        environment=meta.environment,
+        data=data if isinstance(data, dict) else {},
+        recordings=recordings.recorded_rollouts(
+            path, events, template if isinstance(template, str) else None
+        ),
+        step_hashes=step_hash_files(path),
+        tokenizer_dir=model if model is not None and model.is_dir() else None,
+    )
+
+
+def scalars_frame(sources: dict[str, RunSource]) -> pd.DataFrame:
+    """The runs' frames stacked as `RunStore.read_scalars` does: index (run, kind, step)."""
+    names = list(sources)
+    return pd.concat([sources[n].frame for n in names], keys=names, names=["run", *INDEX_NAMES], sort=False)
