@@ -23,8 +23,8 @@ one (or after a failure) first needs every engine to pass `/health_generate` (Mi
 exits fails the call at once instead of waiting for the request timeout, and since a launched process
 cannot come back, as `client.EngineGoneError`: the run fails at once, not after --engine-failure-timeout.
 No health, control or info call waits longer than --engine-failure-timeout, and while /generate
-requests run (legitimately long) `liveness.LivenessWatch` probes every engine's `/health`: one that has
-not answered for --engine-failure-timeout seconds is hung, and fails the call as gone (named, with its URL).
+requests run (legitimately long) `liveness.LivenessWatch` probes every engine's `/server_info`; one
+that has not answered for --engine-failure-timeout seconds is hung, and fails the call as gone (named, URL).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class HttpEngine:
         fleet: the processes grpolab launched (None for an already running fleet: left running at close).
         request_timeout_s: seconds one /generate request may take (`--sglang-router-request-timeout-secs`).
         failure_timeout_s: `--engine-failure-timeout`: the longest any other call may wait, and how long
-            an engine may leave `/health` unanswered while its requests run before it counts as hung.
+            an engine may leave `/server_info` unanswered while its requests run before it is hung.
 
     Raises:
         ValueError: no engine URL, or a non-positive `failure_timeout_s`.
@@ -373,7 +373,7 @@ class HttpEngine:
         return min(timeout_s, self.failure_timeout_s)
 
     def _watch_liveness(self) -> None:
-        """While /generate requests run: probe the engines' /health (`LivenessWatch`), raise for a hung one."""
+        """While /generate requests run: probe each engine's /server_info (`LivenessWatch`); raise if one hangs."""
         if self._watch is None:
             self._watch = LivenessWatch(self.engine_urls, failure_timeout=self.failure_timeout_s)
         try:

@@ -2,13 +2,17 @@
 
 A /generate may legitimately take minutes (`--sglang-router-request-timeout-secs`, default 600), so its
 own timeout cannot tell a busy engine from a hung one (SIGSTOPped, deadlocked, swapped out: the kernel
-still accepts its connections, nothing answers). `LivenessWatch` asks every engine `GET /health` (SGLang
-and `grpolab serve` answer it at once, also while they decode) every `PROBE_INTERVAL_S` seconds (a
+still accepts its connections, nothing answers). `LivenessWatch` asks every engine `GET /server_info`
+(`PROBE_PATH`: SGLang's scheduler answers it, so a stuck scheduler is seen; `grpolab serve` answers in
+~1 ms, also while it decodes) every `PROBE_INTERVAL_S` seconds (a
 quarter of the failure timeout when that is shorter, so an engine that answers is never late), each
 probe in its own thread so the caller's wait loop never blocks, and raises `EngineGoneError` for an
 engine that has not answered 200 for `failure_timeout` seconds (`--engine-failure-timeout`), naming it,
-its URL, how long, and its last answer if it gave one (SGLang's /health is 503 when its scheduler
-produced nothing within 20 s: alive but not working counts as not answering).
+its URL, how long, and its last answer if it gave one (an error status counts as not answering).
+
+Not `/health`: on an idle engine (SGLang's and `grpolab serve`'s) it runs a one-token generation, so a
+probe still in flight when the rollout's answers are in made the engine busy, and the
+`/release_memory_occupation` that follows a rollout was refused (found by the 2-rank fleet test).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from grpolab.core.engine.client import EngineGoneError
 from grpolab.core.engine.http_calls import EngineRequestError, HttpCallError, call_json
 
+PROBE_PATH = "/server_info"
+"""What a probe asks (GET): side-effect free, answered by the engine's scheduler."""
 PROBE_INTERVAL_S = 1.0
 """Seconds between two `/health` probes of one engine (grpolab's: a probe costs ~1 ms; a hung engine is
 declared within `failure_timeout` + this)."""
@@ -32,8 +38,8 @@ class LivenessWatch:
         engine_urls: each engine's "http://HOST:PORT".
         failure_timeout: seconds without an answer after which an engine counts as hung; > 0.
         clock: monotonic seconds (injectable for tests).
-        probe: one health call `(url) -> None`, raising when it fails (default: `GET url/health` with
-            `failure_timeout` as its timeout; any answer but a 2xx fails).
+        probe: one liveness call `(url) -> None`, raising when it fails (default: `GET url` +
+            `PROBE_PATH` with `failure_timeout` as its timeout; any answer but a 2xx fails).
 
     Raises:
         ValueError: a non-positive `failure_timeout`.
@@ -64,7 +70,7 @@ class LivenessWatch:
         """Collect finished probes, start due ones, and raise for an engine silent for `failure_timeout` s.
 
         Raises:
-            EngineGoneError: "engine i (URL) has not answered GET /health for S s (hung: ...)".
+            EngineGoneError: "engine i (URL) has not answered GET /server_info for S s (hung: ...)".
         """
         now = self._clock()
         for i, url in enumerate(self.urls):
@@ -81,7 +87,7 @@ class LivenessWatch:
             if silent >= self.failure_timeout:
                 self.hung = i
                 raise EngineGoneError(
-                    f"engine {i} ({url}) has not answered GET /health for {silent:.1f} s (hung: "
+                    f"engine {i} ({url}) has not answered GET {PROBE_PATH} for {silent:.1f} s (hung: "
                     f"--engine-failure-timeout {self.failure_timeout:g} treats it as dead)"
                     + self._last_error.get(url, "")
                 )
@@ -99,4 +105,4 @@ class LivenessWatch:
         return self._clock()
 
     def _health(self, url: str) -> None:
-        call_json("GET", url + "/health", None, timeout=self.failure_timeout)  # raises unless 2xx
+        call_json("GET", url + PROBE_PATH, None, timeout=self.failure_timeout)  # raises unless 2xx

@@ -1,6 +1,6 @@
 """A hung engine (accepts connections, never answers) is bounded by --engine-failure-timeout: each call's
 timeout is capped at it, the failure is timed from the start of the call that hung, and while /generate
-requests run the liveness watch declares an engine that leaves /health unanswered hung, as gone."""
+requests run the liveness watch declares an engine that leaves /server_info unanswered hung, as gone."""
 
 from __future__ import annotations
 
@@ -32,13 +32,13 @@ def hung_url() -> Iterator[str]:
 
 
 class _Engine(BaseHTTPRequestHandler):
-    """Answers /health_generate, then hangs every /generate and, once one arrived, /health too."""
+    """Answers /health_generate, then hangs every /generate and, once one arrived, /server_info too."""
 
     generating = threading.Event()
     release = threading.Event()
 
     def do_GET(self) -> None:
-        if self.path == "/health" and self.generating.is_set():
+        if self.path == "/server_info" and self.generating.is_set():
             self.release.wait(30)
         self._ok({})
 
@@ -106,7 +106,7 @@ def test_a_health_check_of_a_hung_engine_fails_within_the_failure_timeout(hung_u
 
 
 def test_a_generate_that_hangs_is_ended_by_the_liveness_watch(stalling_url: str) -> None:
-    """/generate may run for --sglang-router-request-timeout-secs (600 s here); the engine's /health
+    """/generate may run for --sglang-router-request-timeout-secs (600 s here); the engine's /server_info
     going unanswered for the failure timeout ends it as a gone engine, naming it and its URL."""
     client = EngineClient(_engine(stalling_url), failure_timeout=TIMEOUT_S, poll_interval=0.1)
     start = time.monotonic()
@@ -116,8 +116,8 @@ def test_a_generate_that_hangs_is_ended_by_the_liveness_watch(stalling_url: str)
     assert seconds < TIMEOUT_S + 2, seconds
     message = str(info.value)
     assert info.value.gone and message.startswith("rollout engine 'sglang fleet (1 engine behind ")
-    assert f"is gone: engine 0 ({stalling_url}) has not answered GET /health for " in message
-    silent = float(message.split("has not answered GET /health for ")[1].split(" s")[0])
+    assert f"is gone: engine 0 ({stalling_url}) has not answered GET /server_info for " in message
+    silent = float(message.split("has not answered GET /server_info for ")[1].split(" s")[0])
     assert TIMEOUT_S <= silent < TIMEOUT_S + 1.5
 
 
@@ -137,7 +137,7 @@ def test_the_watch_names_the_silent_engine_and_spares_the_one_that_answers(
 
 
 class _Unwell(BaseHTTPRequestHandler):
-    """Answers /health 503, as SGLang does when its scheduler produced nothing within 20 s."""
+    """Answers 503 to everything (a server shutting down, or an error page)."""
 
     def do_GET(self) -> None:
         data = b"engine not ok: scheduler stuck\n"
@@ -168,4 +168,4 @@ def test_an_engine_answering_503_counts_as_not_answering() -> None:
     assert str(info.value).endswith(
         "; its last answer: HTTP 503: a text answer: 'engine not ok: scheduler stuck'"
     )
-    assert f"engine 0 ({url}) has not answered GET /health for " in str(info.value)
+    assert f"engine 0 ({url}) has not answered GET /server_info for " in str(info.value)

@@ -372,3 +372,23 @@ def test_context_length_boundary_is_answered(server, contract):
         server, contract, {"input_ids": [7] * (CONTEXT - 2), "sampling_params": {"max_new_tokens": 1}}
     )
     assert out["meta_info"]["prompt_tokens"] == CONTEXT - 2 and len(out["output_ids"]) == 1
+
+
+def test_the_trainers_liveness_probe_leaves_an_idle_server_idle(server):
+    """/health on an idle engine runs a one-token generation (SGLang's rule, kept here), so a liveness probe
+    still in flight after a rollout made the next /release_memory_occupation fail; the probe the trainer
+    sends while its requests run (core/engine/liveness.py) must start no batch."""
+    from grpolab.core.engine.liveness import LivenessWatch
+
+    before = server.call("/server_info").body["internal_states"][0]["batches"]
+    watch = LivenessWatch([server.url], failure_timeout=2)  # a probe every 0.5 s
+    try:
+        deadline = time.monotonic() + 1.2
+        while time.monotonic() < deadline:
+            watch.check()
+            time.sleep(0.05)
+    finally:
+        watch.close()
+    assert server.call("/server_info").body["internal_states"][0]["batches"] == before
+    assert server.call("/health").status == 200  # what /health does instead: one batch
+    assert server.call("/server_info").body["internal_states"][0]["batches"] == before + 1
