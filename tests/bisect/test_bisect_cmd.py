@@ -1,0 +1,100 @@
+"""`grpolab bisect --cmd` over a repository whose command writes a Miles-style log: the whole bisection
+(git's order, worktrees, skip, the answer, report.json, the cache) in seconds, without a model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import git
+
+from grpolab.cli import main
+
+CMD = (
+    "test ! -e broken && "
+    "printf \"step 0: {'train/loss': %s, 'train/grad_norm': 1.0}\\n\" \"$(cat loss.txt)\" > {run_dir}"
+)
+"""Writes a one-step Miles log line whose train/loss is the commit's loss.txt; fails where `broken` exists."""
+
+
+def make_log_repo(repo: Path, *, broken: int) -> list[str]:
+    """8 commits; commit 5 changes the loss (0.5 -> 0.25); commit `broken` has `broken` (its command fails)."""
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commits = []
+    for n in range(1, 9):
+        (repo / "loss.txt").write_text("0.5\n" if n < 5 else "0.25\n")
+        (repo / "n.txt").write_text(f"{n}\n")
+        if n == broken:
+            (repo / "broken").write_text("x")
+        else:
+            (repo / "broken").unlink(missing_ok=True)
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"commit {n}" + (": halve the loss" if n == 5 else ""))
+        commits.append(git(repo, "rev-parse", "HEAD"))
+    return commits
+
+
+@pytest.fixture
+def log_repo(tmp_path: Path) -> tuple[Path, list[str]]:
+    """The 8-commit log repository with commit 3 broken."""
+    return tmp_path / "logrepo", make_log_repo(tmp_path / "logrepo", broken=3)
+
+
+def bisect(capsys, repo: Path, commits: list[str], out: Path, *extra: str) -> tuple[int, str, str, dict]:
+    """Run `grpolab bisect --cmd CMD` over the whole range; (exit code, stdout, stderr, report.json)."""
+    argv = ["bisect", "--good", commits[0], "--bad", commits[-1], "--repo", str(repo), "--cmd", CMD]
+    code = main([*argv, "--output-dir", str(out), *extra])
+    stdout, stderr = capsys.readouterr()
+    newest = max(out.glob("*/report.json"), key=lambda p: p.stat().st_mtime_ns)
+    return code, stdout, stderr, json.loads(newest.read_text())
+
+
+def test_cmd_bisect_names_commit_5_skips_the_broken_one_and_caches(log_repo, tmp_path, capsys):
+    repo, commits = log_repo
+    out = tmp_path / "out"
+    code, stdout, stderr, report = bisect(capsys, repo, commits, out)
+    short5 = git(repo, "rev-parse", "--short", commits[4])
+    assert code == 0, stderr
+    assert f"{short5} is the first bad commit\ncommit {commits[4]}\n" in stdout
+    assert "commit 5: halve the loss" in stdout and " loss.txt | 2 +-" in stdout  # subject and diff stat
+    assert "first divergent step: 0 (train/loss differs at step 0)" in stdout
+    assert report["first_bad"]["commit"] == commits[4] and report["exit_code"] == 0
+    verdicts = {t["commit"]: t["verdict"] for t in report["tested"]}
+    assert verdicts[commits[0]] == "good" and verdicts[commits[-1]] == "bad" and verdicts[commits[4]] == "bad"
+    assert verdicts[commits[2]] == "skip"  # git's best split of 2..5; its command fails
+    skipped = next(t for t in report["tested"] if t["commit"] == commits[2])
+    assert skipped["status"] == "crashed" and skipped["reason"] == "exit 1"
+    assert all(verdicts[c] == "good" for c in (commits[1], commits[3]) if c in verdicts)
+    assert all(verdicts[c] == "bad" for c in commits[5:] if c in verdicts)
+    assert report["replays"] == len(report["tested"]) <= 6
+    assert report["diff"]["metrics"][0]["key"] == "train/loss" and report["diff"]["metrics"][0]["b"] == 0.25
+    for t in report["tested"]:  # every tested commit's result and output under bisect/<time>/
+        assert Path(t["run"]).parent == Path(report["tested"][0]["run"]).parent
+        assert t["seconds"] >= 0 and Path(t["output"]).exists()
+    for line, t in zip([ln for ln in stdout.splitlines() if ln.startswith("bisect: ")], report["tested"]):
+        assert line.startswith(f"bisect: {t['short']} {t['verdict']}") and " s  " in line  # progress
+
+    code2, stdout2, _, report2 = bisect(capsys, repo, commits, out)
+    assert code2 == 0 and f"{short5} is the first bad commit" in stdout2
+    assert report2["replays"] == 0 and all(t["cached"] for t in report2["tested"])
+    assert [t["commit"] for t in report2["tested"]] == [t["commit"] for t in report["tested"]]
+
+
+def test_end_that_does_not_differ_exit_1(log_repo, tmp_path, capsys):
+    repo, commits = log_repo
+    code, _, stderr, report = bisect(capsys, repo, [commits[1], commits[3]], tmp_path / "out")
+    assert code == 1  # commit 4's loss is commit 2's
+    assert "does not differ from --good: nothing to bisect" in stderr
+    assert report["first_bad"] is None and report["exit_code"] == 1
+
+
+def test_only_skipped_commits_left_exit_1(tmp_path, capsys):
+    commits = make_log_repo(tmp_path / "repo", broken=4)
+    code, _, stderr, report = bisect(capsys, tmp_path / "repo", [commits[2], commits[4]], tmp_path / "out")
+    assert code == 1, stderr
+    shorts = [git(tmp_path / "repo", "rev-parse", "--short", c) for c in commits[3:5]]
+    assert "There are only 'skip'ped commits left to test." in stderr
+    assert f"The first bad commit could be any of:\n{shorts[0]}\n{shorts[1]}" in stderr
+    assert [t["verdict"] for t in report["tested"]] == ["good", "bad", "skip"]
