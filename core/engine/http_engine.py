@@ -207,7 +207,7 @@ class HttpEngine:
                 for t, b in zip(targets, bodies)
             ]
             if gate:
-                self._await_queued(len(bodies))
+                self._await_queued(len(bodies), pool)
                 gate = False
                 self._each_engine("POST", "/continue_generation", {})
             pending = set(futures)
@@ -235,15 +235,16 @@ class HttpEngine:
             if not ok:
                 pool.close()
 
-    def _await_queued(self, n: int) -> None:
-        """Wait until the paused engines hold all `n` requests (`/server_info` of `grpolab serve`), so
-        that one decode takes them all, as the in-process engine does; give up after `GATHER_TIMEOUT_S`."""
+    def _await_queued(self, n: int, pool: KeepAlivePool) -> None:
+        """Wait until the paused engines hold all `n` requests (`/server_info` of `grpolab serve`, polled
+        over `pool`'s kept-alive connection), so that one decode takes them all, as the in-process engine
+        does; give up after `GATHER_TIMEOUT_S`."""
         deadline = time.monotonic() + GATHER_TIMEOUT_S
         while time.monotonic() < deadline:
             self._check_processes()
             queued = 0
             for url in self.engine_urls:
-                info = call_json("GET", url + "/server_info", None, timeout=self._cap(HEALTH_TIMEOUT_S)) or {}
+                info = pool.call("GET", url + "/server_info", None, timeout=self._cap(HEALTH_TIMEOUT_S)) or {}
                 states = info.get("internal_states") or [{}]
                 queued += int(states[0].get("waiting_requests", 0))
             if queued >= n:
