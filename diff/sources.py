@@ -32,7 +32,7 @@ class RunSource:
     Attributes:
         path: the run directory or log file; kind: "grpolab" or "log".
         frame: metrics as a (kind, step) frame, one float64 column per key plus `time`.
-        config: the resolved config (run.json "config" with "seed"), or {"flags": {...}} for a log.
+        config: the resolved config (run.json "config" with "seed"), or a log's launch flags {name: value}.
         environment: run.json's environment fingerprint ({} for a log).
         data: run.json's data identity ({} when not recorded: a log, or a run older than it).
         recordings: rollout id → .grz file of the rollouts the run recorded ({} for a log).
@@ -73,7 +73,7 @@ def read_source(path: str | Path) -> RunSource:
     if not parsed.records:
         raise DiffInputError(f"{p}: not a run directory, and no metric line of a Miles/slime log in it")
     return RunSource(
-        path=p, kind="log", frame=records_to_frame(parsed.records), config={"flags": parsed.flags}
+        path=p, kind="log", frame=records_to_frame(parsed.records), config=dict(parsed.flags)
     )
 
 
