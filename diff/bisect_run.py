@@ -165,7 +165,7 @@ def _pythonpath(spec: ReplaySpec, worktree: Path, scratch: Path) -> str:
 
 def _run(argv: list[str] | str, env: dict[str, str], cwd: Path, log: Path, timeout_s: float) -> int | None:
     """Run a command (a shell string for `--cmd`) with output to `log`; its exit code, None on timeout.
-    The command gets its own process group, which is killed on timeout."""
+    The command gets its own process group, killed on timeout or when bisect itself is interrupted."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             argv,
@@ -182,6 +182,10 @@ def _run(argv: list[str] | str, env: dict[str, str], cwd: Path, log: Path, timeo
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return None
+        except BaseException:  # Ctrl-C reaches only our group: end the run's group too
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
 
 
 def _tail(log: Path) -> str:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import git
+from scratch import git
 
 from grpolab.cli import main
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import git
+from scratch import git
 
 from grpolab.cli import main
 from grpolab.diff.bisect_git import next_commit
