@@ -1,8 +1,9 @@
 """UI fixtures: one RUNS_ROOT made once per session with the real trainer, plus edited copies.
 
 Layout of the root (`ui_root`):
-    a/          real run, seed 1234, rollouts recorded (4 rollouts × 2 prompts × 4 answers)
-    b/          real run, seed 7 (diverges from a at step 0)
+    a/          real run, seed 1234, rollouts recorded (4 rollouts × 2 prompts × 4 answers), per-step model
+                hashes (--save-model-hash-every-step)
+    b/          real run, seed 7 (diverges from a at step 0), rollouts recorded, per-step model hashes
     a-step3/    a copy of a whose metrics.jsonl was edited from step 3 on (rewards and train/*
                 values changed), so a and a-step3 are equal until step 3 and differ from step 3
     a-late/     a copy of a whose metrics.jsonl steps and rollout ids were shifted by +100, so it
@@ -34,6 +35,12 @@ def _train(run_dir: Path, *extra: str) -> Path:
     return train(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv])
 
 
+def _recorded(run_dir: Path) -> list[str]:
+    """Flags that record a run's rollouts in RUN_DIR/rollouts and its per-step model hashes."""
+    template = str(run_dir / "rollouts" / "rollout_{rollout_id}.grz")
+    return ["--save-debug-rollout-data", template, "--save-model-hash-every-step"]
+
+
 def _edit_metrics(run_dir: Path, edit) -> None:
     path = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -59,10 +66,8 @@ def _shift(rec: dict) -> dict:
 @pytest.fixture(scope="session")
 def ui_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ui-runs")
-    a = _train(
-        root / "a", "--save-debug-rollout-data", str(root / "a" / "rollouts" / "rollout_{rollout_id}.grz")
-    )
-    _train(root / "b", "--seed", "7")
+    a = _train(root / "a", *_recorded(root / "a"))
+    _train(root / "b", "--seed", "7", *_recorded(root / "b"))
     for name, edit in (("a-step3", _diverge_from_step3), ("a-late", _shift)):
         shutil.copytree(a, root / name)
         _edit_metrics(root / name, edit)

@@ -62,7 +62,7 @@ def test_compare_first_divergence_is_step_3(ui_root: Path, monkeypatch: pytest.M
     metric = at.metric[0]
     assert metric.label == "First divergence step" and int(metric.value) == 3
     assert any("rollout/raw_reward" in c and "train/loss" in c for c in _texts(at, "caption"))
-    diff = at.dataframe[-1].value
+    diff = next(d.value for d in at.dataframe if "diverged" in d.value.columns)
     assert list(diff.index[diff["diverged"]]) == [3]
     at.number_input(key="diff_tol").set_value(1.0).run()
     assert any("No divergence over 4 common steps" in s for s in _texts(at, "success"))

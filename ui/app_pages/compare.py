@@ -1,4 +1,5 @@
-"""Compare: metrics of 2+ runs on the same step numbers, a seed band, config and per-step diffs."""
+"""Compare: metrics of 2+ runs on the same step numbers, a seed band, config and per-step diffs, and
+`grpolab diff`'s report of two of them with its drill-down (ui/run_diff.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from grpolab.ui import analysis, state
+from grpolab.ui import analysis, run_diff, state
 
 DEFAULT_KEYS = {
     "rollout/": ["rollout/raw_reward", "rollout/response_lengths"],
@@ -161,3 +162,23 @@ if len(chosen) >= 2:
             file_name="grpolab-diff.csv",
             mime="text/csv",
         )
+
+    st.subheader("Where they part (`grpolab diff`)")
+    paths = {r: store.run_path(r) for r in chosen}
+    others = [paths[r] for r in baseline if r not in (run_a, run_b)]
+    command = f"grpolab diff {paths[run_a]} {paths[run_b]} --tol {tol:g}"
+    st.caption(
+        "The report of `grpolab diff` (same code): set-up, then step → sample → token → layer, as deep as "
+        "both runs' files allow. Timing metrics are not compared. With a baseline group, run B differs "
+        f"only outside the band of run A and the other baseline runs. `{command}"
+        + "".join(f" --baseline {p}" for p in others)
+        + "`"
+    )
+    if run_a == run_b:
+        st.info("Pick two different runs as Run A and Run B.")
+    else:
+        found = run_diff.compute(paths[run_a], paths[run_b], tol, others)
+        if isinstance(found, str):
+            st.error(f"grpolab diff cannot compare these runs: {found}")
+        else:
+            run_diff.show(found, (run_a, run_b))
