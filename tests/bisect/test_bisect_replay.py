@@ -50,10 +50,12 @@ def test_bisect_names_the_loss_change_in_at_most_5_replays_then_reruns_nothing(
 def test_a_commit_that_does_not_import_is_skipped(recording, tmp_path, capsys):
     repo = tmp_path / "repo"
     repo.mkdir()
-    commits = make_scratch_repo(repo, broken=3)  # git's second pick, after commit 5
-    code, stdout, stderr, report = bisect(capsys, repo, commits, recording, tmp_path / "out")
+    commits = make_scratch_repo(repo, broken=6)
+    # good = commit 4: git splits 5..8 at commit 6 (the best split), which does not import
+    code, stdout, stderr, report = bisect(capsys, repo, commits[3:], recording, tmp_path / "out")
     assert code == 0, stderr
     assert report["first_bad"]["commit"] == commits[4]
-    broken = next(t for t in report["tested"] if t["commit"] == commits[2])
+    broken = report["tested"][2]
+    assert broken["commit"] == commits[5]
     assert broken["verdict"] == "skip" and broken["status"] == "crashed"
     assert "SyntaxError" in broken["tail"]
