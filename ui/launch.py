@@ -27,7 +27,9 @@ APP = Path(__file__).resolve().parent / "app.py"
 
 def add_ui_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `ui` command to an argparse subparsers object; returns its parser."""
-    ui = subparsers.add_parser("ui", help="Streamlit app: runs, compare, health, rollouts, diagnose")
+    ui = subparsers.add_parser(
+        "ui", help="Streamlit app: runs, compare, health, timeline, rollouts, diagnose, bisect"
+    )
     ui.add_argument(
         "roots",
         nargs="*",
