@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from grpolab.diff.frames import TIME_COLUMN
 from grpolab.diff.layers import layer_divergence
 from grpolab.diff.report import MetricDivergence, RunDiff, SetupDifference
 from grpolab.diff.samples import compare_recordings
 from grpolab.diff.series import flatten, metric_series, seed_band, values_equal
 from grpolab.diff.sources import RunSource, read_source, scalars_frame
-from grpolab.ui.readers import TIME_COLUMN
 
 TIMING_KEY = re.compile(r"^perf/|_time$|per_sec|tflops|throughput")
 """Keys that measure wall time or speed: never equal between two runs, so never compared."""

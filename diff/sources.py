@@ -3,7 +3,7 @@
 One `RunSource` per side, read through the project's readers only: run.json, metrics.jsonl and
 events.jsonl through `rundir.reader`, a log through `rundir.foreign_logs.parse_file`, recordings
 through `rundir.recordings.recorded_rollouts`, per-step hashes through `checkers.step_hash`. The
-metric frame is built by `ui.readers.records_to_frame`, the one the Compare page draws from, so both
+metric frame is built by `diff.frames.records_to_frame`, the one the Compare page draws from, so both
 see the same (kind, step) rows (Miles' two `perf N:` lines merged, a resumed run's last values).
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import pandas as pd
 
 from grpolab.checkers.step_hash import step_hash_files
+from grpolab.diff.frames import INDEX_NAMES, records_to_frame
 from grpolab.rundir import reader, recordings
 from grpolab.rundir.foreign_logs import parse_file
-from grpolab.ui.readers import INDEX_NAMES, records_to_frame
 
 
 class DiffInputError(ValueError):
@@ -72,9 +72,7 @@ def read_source(path: str | Path) -> RunSource:
         raise DiffInputError(f"{p}: unreadable ({e.strerror or e})") from None
     if not parsed.records:
         raise DiffInputError(f"{p}: not a run directory, and no metric line of a Miles/slime log in it")
-    return RunSource(
-        path=p, kind="log", frame=records_to_frame(parsed.records), config=dict(parsed.flags)
-    )
+    return RunSource(path=p, kind="log", frame=records_to_frame(parsed.records), config=dict(parsed.flags))
 
 
 def _read_run_dir(path: Path) -> RunSource:
