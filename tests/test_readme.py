@@ -101,6 +101,7 @@ _READ_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("diagnose", "gpu"): (),
     ("watchdog",): ("target",),
     ("serve",): (),
+    ("diff",): ("run_a", "run_b", "baseline"),
 }
 """The argparse dests each subcommand reads paths from (`--hf-checkpoint`: `_READS`, for all)."""
 
