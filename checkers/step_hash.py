@@ -2,9 +2,10 @@
 
 File: `RUN_DIR/checks/model_hash_step_<N>.json` (N = `train/step`), written atomically by rank 0:
 {"step": N, "rank": 0, "world_size": W, "parameters": {name: sha256 hex}} with the parameters in
-layer order (`model_hash.layer_order`, then by name). A parameter's digest covers its name, shape,
-dtype and raw bytes (`model_hash._feed`, the bytes `layer_hashes` hashes per layer); on several ranks
-(FSDP) it is rank 0's local shard. `grpolab diff` (diff/layers.py) reads these files through
+layer order (Miles' `model_hash.layer_order`: the decoder layers by number, then embeddings, final
+norm and head; by name within a layer). A parameter's digest covers its name, shape, dtype and raw
+bytes (`model_hash._feed`, the bytes `layer_hashes` hashes per layer); on several ranks (FSDP) it is
+rank 0's local shard. `grpolab diff` (diff/layers.py) reads these files through
 `read_step_hashes` and names the first parameter whose digest differs.
 """
 
