@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,54 @@ def test_bisect_page_starts_the_command(tmp_path: Path, monkeypatch: pytest.Monk
         f"--tol 0 --output-dir {folder} -- --lr 1e-5"
     )
     assert job.returncode == 2
-    assert any("failed (exit 2)" in e for e in _texts(at, "error"))
+    assert any("refused its input (exit 2)" in e for e in _texts(at, "error"))
     assert "grpolab bisect: error: --good no-such-rev-xyz: no such commit in" in _texts(at, "code")[-1]
     assert not folder.exists()  # bad input: nothing written
+
+
+LOG_CMD = "printf \"step 0: {'train/loss': %s, 'train/grad_norm': 1.0}\\n\" \"$(cat loss.txt)\" > {run_dir}"
+"""Writes a one-step Miles log line whose train/loss is the commit's loss.txt (as tests/bisect do)."""
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def _log_repo(repo: Path) -> list[str]:
+    """A 4-commit repository whose commit 3 halves loss.txt; its commits' short hashes, oldest first."""
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    for n in range(1, 5):
+        (repo / "loss.txt").write_text("0.5\n" if n < 3 else "0.25\n")
+        (repo / "n.txt").write_text(f"{n}\n")
+        _git(repo, "add", "loss.txt", "n.txt")
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"commit {n}")
+    return _git(repo, "log", "--reverse", "--format=%h").split()
+
+
+def test_bisect_page_runs_a_cmd_bisect_and_lists_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real `grpolab bisect --cmd` (a shell command writing a Miles log: seconds, no model) started from
+    the form: its progress lines, git bisect's answer, and its report.json listed."""
+    commits = _log_repo(tmp_path / "repo")
+    folder = tmp_path / "bisect"
+    at = _page(monkeypatch, tmp_path, folder)
+    at.text_input(key="bisect_good").input(commits[0])
+    at.text_input(key="bisect_bad").input(commits[-1])
+    at.text_input(key="bisect_repo").input(str(tmp_path / "repo"))
+    at.text_input(key="bisect_cmd").input(LOG_CMD)
+    at.button(key="bisect_start").click().run()  # polls until the command ends
+    assert not at.exception
+    job = jobs.get(("bisect", str(folder)))
+    assert job is not None and job.returncode == 0, job.stderr_tail()
+    assert any("named the first bad commit" in s for s in _texts(at, "success"))
+    output = _texts(at, "code")[0]
+    progress = [line.split()[1:3] for line in output.splitlines() if line.startswith("bisect: ")]
+    assert progress[:2] == [[commits[0], "good"], [commits[-1], "bad"]]  # the ends first
+    assert [commits[2], "bad"] in progress and f"{commits[2]} is the first bad commit" in output
+    assert f"`{commits[2]}` is the first bad commit" in _texts(at, "error")
+    (report,) = bisect_reports.list_reports(folder)
+    tested = at.dataframe[0].value
+    assert tested["short"].tolist() == [t["short"] for t in report.tested] == [c for c, _ in progress]
+    assert set(tested["verdict"]) <= {"good", "bad"} and len(tested) <= 4

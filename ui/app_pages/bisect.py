@@ -18,7 +18,8 @@ from grpolab.ui.bisect_reports import BisectRequest, StoredBisect
 # Seconds between two looks at a running bisect (each tested commit takes seconds to minutes). A comment,
 # not a docstring: Streamlit's "magic" would print a bare string of a page module on the page.
 POLL_S = 1.0
-OUTPUT_LINES = 40
+OUTPUT_LINES = 40  # the newest output lines shown while it runs
+ENDED_LINES = 400  # ... and once it ended: the progress lines, the answer and the diff report
 
 
 def _request(folder: Path) -> BisectRequest:
@@ -57,7 +58,8 @@ def _request(folder: Path) -> BisectRequest:
 
 
 def _job_section(folder: Path) -> None:
-    """The job under this folder: its progress while it runs (polled), its failure when it failed."""
+    """The job under this folder: its progress lines while it runs (polled), then how it ended, by
+    `grpolab bisect`'s exit code (0 named the commit, 1 could not, 2 bad input), with its output."""
     job = jobs.get(("bisect", str(folder)))
     if job is None:
         return
@@ -66,13 +68,16 @@ def _job_section(folder: Path) -> None:
         st.code(job.stderr_tail(OUTPUT_LINES) or "(no output yet)", language=None)
         time.sleep(POLL_S)
         st.rerun()
-    elif job.state == "failed":
-        st.error(f"`{job.command}` failed (exit {job.returncode}):")
-        st.code(job.stderr_tail(OUTPUT_LINES), language=None)
+    code = job.returncode
+    if code == 0:
+        st.success(f"`{job.command}` named the first bad commit; its report is the newest below.")
+    elif code == 1:
+        st.warning(f"`{job.command}` ended without naming a first bad commit (exit 1); its report is below.")
+    elif code == 2:
+        st.error(f"`{job.command}` refused its input (exit 2):")
     else:
-        st.success(f"`{job.command}` finished; its report is the newest below.")
-        with st.expander("Its output"):
-            st.code(job.stderr_tail(OUTPUT_LINES), language=None)
+        st.error(f"`{job.command}` failed (exit {code}):")
+    st.code(job.stderr_tail(ENDED_LINES), language=None)
 
 
 TESTED_COLUMNS = [
