@@ -112,11 +112,11 @@ def sample_divergence(
             field=", ".join([*fields, what]),
         )
     if len(a) != len(b):
-        n = min(len(a), len(b))
+        extra = (a if len(a) > len(b) else b)[min(len(a), len(b))]  # the first sample one side lacks
         return SampleDivergence(
             rollout_id,
-            n,
-            n,
+            extra.prompt_index,
+            extra.sample_index,
             None,
             None,
             None,
