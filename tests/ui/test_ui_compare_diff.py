@@ -115,3 +115,11 @@ def test_highlighted() -> None:
     assert run_diff.highlighted("x_1 «[y]» z") == r"x\_1 :orange-background[\[y\]] z"
     assert run_diff.highlighted("[1, 2, 3]") == r"\[1, 2, 3\]"  # ids shown without a tokenizer: no marks
     assert run_diff.highlighted("ab«»") == "ab:orange-background[ ]"
+
+
+def test_a_run_diff_cannot_read_is_an_error_naming_it(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = _compare(monkeypatch, ui_root, "a", "no-runjson")
+    assert not at.exception
+    errors = [e for e in _texts(at, "error") if e.startswith("grpolab diff cannot compare these runs: ")]
+    assert len(errors) == 1 and str(ui_root / "no-runjson") in errors[0]
+    assert not any(m.label == "First divergent step (grpolab diff)" for m in at.metric)
