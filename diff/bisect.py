@@ -55,6 +55,8 @@ from grpolab.diff.bisect_run import (
     store_cached,
 )
 
+PRIMARY = "train/loss"
+"""The metric a bad commit's one-line reason names when it differs at the first divergent step."""
 DEFAULT_TIMEOUT_S = 3600.0
 """Per-run limit of `--timeout` when not given: an hour, far above a replay's minutes."""
 
@@ -158,8 +160,10 @@ class Bisection:
 
         d = diff_runs(self.reference, outcome.run_path, tol=self.tol)
         divergent = [m for m in d.metrics if not self.metrics or m.key in self.metrics]
-        if divergent:
-            first = divergent[0]
+        if divergent:  # the first step's train/loss when it is among them (the headline), else the first
+            first = next(
+                (m for m in divergent if m.key == PRIMARY and m.step == divergent[0].step), divergent[0]
+            )
             return Tested(summary, outcome, "bad", run, f"{first.key} differs at step {first.step}", d)
         if d.common_steps == 0:
             return Tested(summary, outcome, "skip", run, "no step in common with the good run", d)

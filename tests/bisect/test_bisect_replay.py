@@ -33,6 +33,7 @@ def test_bisect_names_the_loss_change_in_at_most_5_replays_then_reruns_nothing(
     assert code == 0, stderr
     assert f"{short5} is the first bad commit\ncommit {commits[4]}\n" in stdout
     assert "commit 5: double the loss denominator" in stdout and "core/algorithms.py | 1 +" in stdout
+    assert "first divergent step: 0 (train/loss differs at step 0)" in stdout
     assert report["first_bad"]["commit"] == commits[4]
     assert report["replays"] <= 5  # 3 bisection steps plus the good and bad ends
     assert report["diff"]["first_step"] == 0
