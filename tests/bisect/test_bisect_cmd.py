@@ -98,6 +98,14 @@ def test_end_that_does_not_differ_exit_1(log_repo, tmp_path, capsys):
     assert report["first_bad"] is None and report["exit_code"] == 1
 
 
+def test_metric_limits_what_counts(log_repo, tmp_path, capsys):
+    repo, commits = log_repo
+    # train/grad_norm is 1.0 at every commit: judged on it alone, commit 8 does not differ
+    code, _, stderr, report = bisect(capsys, repo, commits, tmp_path / "out", "--metric", "train/grad_norm")
+    assert code == 1 and "does not differ from --good" in stderr
+    assert report["metrics"] == ["train/grad_norm"] and report["tested"][1]["verdict"] == "good"
+
+
 def test_only_skipped_commits_left_exit_1(tmp_path, capsys):
     commits = make_log_repo(tmp_path / "repo", broken=4)
     code, _, stderr, report = bisect(capsys, tmp_path / "repo", [commits[2], commits[4]], tmp_path / "out")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from scratch import git
 
+import grpolab
 from grpolab.cli import main
 from grpolab.diff.bisect_git import next_commit
 from grpolab.diff.bisect_run import ReplaySpec, _pythonpath, cache_key
@@ -143,5 +144,28 @@ def test_replay_imports_the_worktrees_grpolab(scratch_repo, tmp_path):
         pkg, mod = (Path(line).resolve() for line in done.stdout.split())
         assert pkg == worktree.resolve() / "__init__.py"
         assert mod == worktree.resolve() / "diff" / "bisect.py"
+    finally:
+        git(repo, "worktree", "remove", "--force", str(worktree))
+
+
+def test_another_repository_is_on_pythonpath_with_the_installed_grpolab(tiny_repo, tmp_path):
+    """A repository that is not grpolab (a custom reward module): the worktree is importable and
+    grpolab stays the installed one."""
+    repo, c = tiny_repo
+    (repo / "my_reward.py").write_text("VALUE = 7\n")
+    git(repo, "add", "my_reward.py")
+    git(repo, "commit", "-q", "-m", "reward")
+    worktree = tmp_path / "wt"
+    git(repo, "worktree", "add", "--detach", str(worktree), "HEAD")
+    try:
+        spec = ReplaySpec(None, "", 1, (), None, 60.0, False)
+        env = dict(os.environ, PYTHONPATH=_pythonpath(spec, worktree, tmp_path / "scratch"))
+        probe = "import grpolab, my_reward; print(grpolab.__file__); print(my_reward.__file__)"
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+        )
+        pkg, mod = (Path(line).resolve() for line in done.stdout.split())
+        assert pkg == Path(grpolab.__file__).resolve()
+        assert mod == worktree.resolve() / "my_reward.py"
     finally:
         git(repo, "worktree", "remove", "--force", str(worktree))
