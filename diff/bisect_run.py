@@ -150,8 +150,15 @@ def replay_argv(spec: ReplaySpec, run_dir: Path) -> list[str]:
     ]
 
 
-def _pythonpath(spec: ReplaySpec, worktree: Path, scratch: Path) -> str:
-    """PYTHONPATH for a run: the package link dir (grpolab itself) or the worktree, then the caller's."""
+def run_pythonpath(spec: ReplaySpec, worktree: Path, scratch: Path) -> str:
+    """PYTHONPATH for a run at `worktree`, then the caller's own PYTHONPATH.
+
+    For grpolab itself (`spec.self_repo`): `scratch/pkg`, made here, holding the link
+    `grpolab -> worktree`; for another repository: the worktree itself.
+
+    Raises:
+        FileExistsError: `scratch/pkg/grpolab` exists already (one scratch directory per run).
+    """
     if spec.self_repo:
         link_dir = scratch / "pkg"
         link_dir.mkdir(parents=True, exist_ok=True)
@@ -214,7 +221,7 @@ def run_commit(commit: str, spec: ReplaySpec, worktree: Path, scratch: Path, run
     as a log. The grpolab replay runs in the current directory (relative paths in TRAIN FLAGS work).
     """
     log = run_dir.parent / f"{run_dir.name}.out"
-    env = dict(os.environ, PYTHONPATH=_pythonpath(spec, worktree, scratch), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONPATH=run_pythonpath(spec, worktree, scratch), PYTHONUNBUFFERED="1")
     t0 = time.monotonic()
     if spec.cmd is not None:
         command: list[str] | str = spec.cmd.replace("{run_dir}", shlex.quote(str(run_dir)))

@@ -16,7 +16,7 @@ from scratch import git
 import grpolab
 from grpolab.cli import main
 from grpolab.diff.bisect_git import next_commit
-from grpolab.diff.bisect_run import ReplaySpec, _pythonpath, cache_key
+from grpolab.diff.bisect_run import ReplaySpec, cache_key, run_pythonpath
 
 
 @pytest.fixture
@@ -137,7 +137,7 @@ def test_replay_imports_the_worktrees_grpolab(scratch_repo, tmp_path):
     git(repo, "worktree", "add", "--detach", str(worktree), commits[0])
     try:
         spec = ReplaySpec(None, "", 1, (), None, 60.0, True)
-        env = dict(os.environ, PYTHONPATH=_pythonpath(spec, worktree, tmp_path / "scratch"))
+        env = dict(os.environ, PYTHONPATH=run_pythonpath(spec, worktree, tmp_path / "scratch"))
         probe = "import grpolab, grpolab.diff.bisect; print(grpolab.__file__); print(grpolab.diff.bisect.__file__)"
         python = [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else [])]
         done = subprocess.run([*python, "-c", probe], env=env, capture_output=True, text=True, check=True)
@@ -159,7 +159,7 @@ def test_another_repository_is_on_pythonpath_with_the_installed_grpolab(tiny_rep
     git(repo, "worktree", "add", "--detach", str(worktree), "HEAD")
     try:
         spec = ReplaySpec(None, "", 1, (), None, 60.0, False)
-        env = dict(os.environ, PYTHONPATH=_pythonpath(spec, worktree, tmp_path / "scratch"))
+        env = dict(os.environ, PYTHONPATH=run_pythonpath(spec, worktree, tmp_path / "scratch"))
         probe = "import grpolab, my_reward; print(grpolab.__file__); print(my_reward.__file__)"
         done = subprocess.run(
             [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
