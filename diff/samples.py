@@ -67,6 +67,53 @@ def _first_token(a: Sample, b: Sample, tol: float) -> tuple[int, str] | None:
     return None
 
 
+def _no_token(rollout_id: int, sample: Sample, field: str, text_a: str, text_b: str) -> SampleDivergence:
+    """A divergence that names no token (prompt, reward or sample count)."""
+    return SampleDivergence(
+        rollout_id,
+        sample.prompt_index,
+        sample.sample_index,
+        None,
+        None,
+        None,
+        None,
+        None,
+        text_a,
+        text_b,
+        field,
+    )
+
+
+def _pair_divergence(
+    rollout_id: int, sa: Sample, sb: Sample, *, tol: float, decode: Decode
+) -> SampleDivergence | None:
+    """What differs first in one pair of samples: a response token (ids, or log-probs beyond tol; the
+    prompt named too when it differs), else the prompt, else the reward; None when they agree."""
+    found = _first_token(sa, sb, tol)
+    fields = ["prompt"] if sa.prompt_ids != sb.prompt_ids else []
+    if found is None:
+        if fields:
+            return _no_token(rollout_id, sa, "prompt", decode(sa.prompt_ids), decode(sb.prompt_ids))
+        if sa.reward != sb.reward:
+            return _no_token(rollout_id, sa, "reward", f"reward {sa.reward!r}", f"reward {sb.reward!r}")
+        return None
+    i, what = found
+    ra, rb = sa.response_ids, sb.response_ids
+    return SampleDivergence(
+        rollout_id=rollout_id,
+        prompt_index=sa.prompt_index,
+        sample_index=sa.sample_index,
+        token_index=i,
+        token_a=ra[i] if i < len(ra) else None,
+        token_b=rb[i] if i < len(rb) else None,
+        logprob_a=_logprob(sa, i),
+        logprob_b=_logprob(sb, i),
+        text_a=_around(ra, i, decode),
+        text_b=_around(rb, i, decode),
+        field=", ".join([*fields, what]),
+    )
+
+
 def sample_divergence(
     rollout_id: int, a: list[Sample], b: list[Sample], *, tol: float, decode: Decode
 ) -> SampleDivergence | None:
@@ -77,55 +124,12 @@ def sample_divergence(
         decode: token ids → text (`tokenizer_decoder`).
     """
     for sa, sb in zip(a, b):
-        found = _first_token(sa, sb, tol)
-        fields = ["prompt"] if sa.prompt_ids != sb.prompt_ids else []
-        if found is None and not fields and sa.reward == sb.reward:
-            continue
-        where = dict(rollout_id=rollout_id, prompt_index=sa.prompt_index, sample_index=sa.sample_index)
-        if found is None:
-            fields = fields or ["reward"]
-            text_a, text_b = f"reward {sa.reward!r}", f"reward {sb.reward!r}"
-            if "prompt" in fields:
-                text_a, text_b = decode(sa.prompt_ids), decode(sb.prompt_ids)
-            return SampleDivergence(
-                **where,
-                token_index=None,
-                token_a=None,
-                token_b=None,
-                logprob_a=None,
-                logprob_b=None,
-                text_a=text_a,
-                text_b=text_b,
-                field=", ".join(fields),
-            )
-        i, what = found
-        ra, rb = sa.response_ids, sb.response_ids
-        return SampleDivergence(
-            **where,
-            token_index=i,
-            token_a=ra[i] if i < len(ra) else None,
-            token_b=rb[i] if i < len(rb) else None,
-            logprob_a=_logprob(sa, i),
-            logprob_b=_logprob(sb, i),
-            text_a=_around(ra, i, decode),
-            text_b=_around(rb, i, decode),
-            field=", ".join([*fields, what]),
-        )
+        found = _pair_divergence(rollout_id, sa, sb, tol=tol, decode=decode)
+        if found is not None:
+            return found
     if len(a) != len(b):
         extra = (a if len(a) > len(b) else b)[min(len(a), len(b))]  # the first sample one side lacks
-        return SampleDivergence(
-            rollout_id,
-            extra.prompt_index,
-            extra.sample_index,
-            None,
-            None,
-            None,
-            None,
-            None,
-            f"{len(a)} samples",
-            f"{len(b)} samples",
-            field="count",
-        )
+        return _no_token(rollout_id, extra, "count", f"{len(a)} samples", f"{len(b)} samples")
     return None
 
 
