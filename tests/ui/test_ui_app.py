@@ -282,7 +282,7 @@ def test_bad_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = _app(monkeypatch, empty)
     assert not at.exception
     assert any("No runs found under" in w for w in _texts(at, "warning"))
-    for page in ("compare", "health", "rollouts", "diagnose"):
+    for page in ("compare", "health", "rollouts", "diagnose", "bisect"):
         at.switch_page(f"app_pages/{page}.py").run()
         assert not at.exception, page
     at = _app(monkeypatch, tmp_path / "missing")
