@@ -83,8 +83,9 @@ def metrics_frame(diff: RunDiff) -> pd.DataFrame:
 
 
 def _md(text: str) -> str:
-    """Plain text made safe for Markdown (backslash before the characters Markdown would read)."""
-    return re.sub(r"([\\`*_\[\]<>|~$#:])", r"\\\1", text)
+    """Plain text made safe for Markdown on one line (backslash before the characters Markdown would
+    read; a line break shown as ↵, so a text's newline cannot start a list or a heading)."""
+    return re.sub(r"([\\`*_\[\]<>|~$#:+-])", r"\\\1", text).replace("\r", "").replace("\n", "↵")
 
 
 def highlighted(text: str) -> str:

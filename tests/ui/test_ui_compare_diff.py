@@ -115,6 +115,7 @@ def test_highlighted() -> None:
     assert run_diff.highlighted("x_1 «[y]» z") == r"x\_1 :orange-background[\[y\]] z"
     assert run_diff.highlighted("[1, 2, 3]") == r"\[1, 2, 3\]"  # ids shown without a tokenizer: no marks
     assert run_diff.highlighted("ab«»") == "ab:orange-background[ ]"
+    assert run_diff.highlighted("1\n- 2«\n»# x") == r"1↵\- 2:orange-background[↵]\# x"
 
 
 def test_a_run_diff_cannot_read_is_an_error_naming_it(ui_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
