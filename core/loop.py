@@ -30,21 +30,15 @@ from grpolab.core.batch import Sample
 from grpolab.core.central_rollout import join_weight_sync, joins_engine_of_rank_zero
 from grpolab.core.config import Config
 from grpolab.core.dist import DistContext, all_gather_objects, shutdown
-from grpolab.core.engine.base import ReportsStats, Stoppable, capability
+from grpolab.core.engine.base import Stoppable, capability
 from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
-from grpolab.core.metrics import (
-    PhaseTimer,
-    RunSummary,
-    format_line,
-    perf_metrics,
-    rollout_metrics,
-    summary_row,
-)
+from grpolab.core.metrics import PhaseTimer, RunSummary, rollout_metrics
 from grpolab.core.preflight import check_inputs
 from grpolab.core.rollout import check_recordings, planned_rollout_ids
 from grpolab.core.run_end import close_engine, end_run_with_error
 from grpolab.core.startup import build_parts, open_run, resume
+from grpolab.core.step_report import StepReporter
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
 from grpolab.monitor import open_monitor
@@ -69,7 +63,7 @@ class GRPORun:
     """Everything one run holds; `run()` executes it. Build with `GRPORun.create(config, argv)`."""
 
     def __init__(self, config: Config, run_dir: RunDirectory, dist_ctx: DistContext | None = None) -> None:
-        self.summary = RunSummary()  # its clock counts the loading too
+        summary = RunSummary()  # its clock counts the loading too
         self.cfg, self.run_dir = config, run_dir
         self.dist = dist_ctx or DistContext()
         self.timer, self.state = PhaseTimer(), RunState()
@@ -96,6 +90,7 @@ class GRPORun:
         self.profiling = RunProfiling(config, run_dir, self.dist.rank, self.actor)  # torch.profiler, memory
         # wandb / TensorBoard / --custom-rollout-log-function-path (rank 0); closed by run_dir.finish
         self.monitor = open_monitor(config, run_dir, primary=self.dist.is_primary)
+        self.reporter = StepReporter(run_dir, self.monitor, self.timer, config.rollout.num_rollout, summary)
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -183,7 +178,7 @@ class GRPORun:
             close_engine(self.engine)  # engine servers the run launched end with it, however it ends
             restore_sigterm(previous_handler)
         self.run_dir.heartbeat("finished", self.state.next_rollout_id)  # left normally (diagnose hang)
-        for line in self.summary.lines(self.run_dir.path, cfg.rollout.num_rollout):
+        for line in self.reporter.summary.lines(self.run_dir.path, cfg.rollout.num_rollout):
             log.info(line)
         self.run_dir.finish("finished", rollouts=self.state.next_rollout_id)
         shutdown(self.dist)
@@ -215,7 +210,8 @@ class GRPORun:
         self.state.next_rollout_id = rollout_id + 1
         self._save(rollout_id)
         self._sync(rollout_id)
-        self._report(rollout_id, start, line, steps)
+        self.reporter.report(rollout_id, start, line, steps, self.engine)
+        self.faults.maybe_fire("end_of_rollout", rollout_id)
 
     # ------------------------------------------------------------------ the phases of a step
     def _rollout(self, rollout_id: int) -> list[Sample]:
@@ -256,14 +252,14 @@ class GRPORun:
             line = rollout_metrics(
                 everyone, log_probs=None, ref_log_probs=None, entropy=None, rollout_id=rollout_id
             )
-            self._emit("rollout", rollout_id, line, samples=everyone)
+            self.reporter.emit("rollout", rollout_id, line, samples=everyone)
             return line, None, None
         all_old, all_ref = self._gather(old.log_probs), self._gather(ref.log_probs)
         all_entropy = self._gather(old.entropy or [])
         line = rollout_metrics(
             everyone, log_probs=all_old, ref_log_probs=all_ref, entropy=all_entropy, rollout_id=rollout_id
         )
-        self._emit("rollout", rollout_id, line, samples=everyone)
+        self.reporter.emit("rollout", rollout_id, line, samples=everyone)
         self.harness.after_rollout_line(rollout_id, line, everyone, all_old, all_ref)
         return line, old, ref
 
@@ -285,7 +281,7 @@ class GRPORun:
                 after_step=self.harness.step_hasher(self.actor, world_size=self.dist.world_size),
             )
         for step_in_rollout, step_metrics in enumerate(steps):
-            self._emit("step", int(step_metrics["train/step"]), step_metrics, rollout_id=rollout_id)
+            self.reporter.emit("step", int(step_metrics["train/step"]), step_metrics, rollout_id=rollout_id)
             self.harness.after_step(rollout_id, step_in_rollout, step_metrics)
         return steps
 
@@ -325,20 +321,6 @@ class GRPORun:
             return
         self._sync_weights()
 
-    def _report(
-        self, rollout_id: int, start: float, line: dict[str, float], steps: list[dict[str, float]]
-    ) -> None:
-        """`perf N:` (seconds per phase, the step, engine throughput), the summary row, end-of-rollout faults."""
-        stats = capability(self.engine, ReportsStats)
-        engine_stats = None if stats is None else stats.last_stats
-        perf = perf_metrics(
-            self.timer.pop(), step_seconds=time.perf_counter() - start, engine_stats=engine_stats
-        )
-        self._emit("perf", rollout_id, perf)
-        log.info(summary_row(rollout_id, self.cfg.rollout.num_rollout, line, steps, perf))
-        self.summary.add(rollout_id, line)
-        self.faults.maybe_fire("end_of_rollout", rollout_id)
-
     # ------------------------------------------------------------------ between steps
     def evaluate(self, rollout_id: int) -> None:
         """`eval N:` line on the held-out sets with the engine's current weights."""
@@ -365,7 +347,7 @@ class GRPORun:
                 result.samples, rollout_id=eval_id, weight_version=self.state.weight_version
             )
             self.run_dir.event("eval_recorded", rollout_id=rollout_id, id=eval_id, path=str(path), bytes=size)
-        self._emit("eval", rollout_id, result.metrics)
+        self.reporter.emit("eval", rollout_id, result.metrics)
         self.harness.after_eval(rollout_id, result.metrics)
 
     def _eval_due(self, rollout_id: int) -> bool:
@@ -412,23 +394,6 @@ class GRPORun:
             raise RuntimeError(f"--ci-ft-test-actions: {reason}: this run's engine cannot be shut down")
         engine.shutdown(reason=reason)
         self.run_dir.event("engine_stopped", reason=reason)
-
-    def _emit(
-        self,
-        kind: str,
-        index: int,
-        metrics: dict[str, float],
-        *,
-        rollout_id: int | None = None,
-        samples: list[Sample] | None = None,
-    ) -> None:
-        """A metrics.jsonl record, then the monitor (the sinks; the custom rollout logger gets the
-        rollout's `samples`), then the `<kind> N:` line unless the rollout logger replaced it."""
-        rollout, step = index if rollout_id is None else rollout_id, index if kind == "step" else None
-        self.run_dir.log_metrics(kind, rollout, metrics, step=step)
-        rollout_time = self.timer.seconds.get("rollout", 0.0)
-        if self.monitor.record(kind, rollout, step, metrics, samples=samples, rollout_time=rollout_time):
-            log.info(format_line(kind, index, metrics))
 
 
 def train(config: Config, argv: list[str] | None = None, *, checked: bool = False) -> Path:
