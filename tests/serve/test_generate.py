@@ -171,6 +171,8 @@ def test_concurrent_requests_share_one_decode(server, contract):
     assert after["batches"] - before["batches"] == 1
     assert after["recent_batch_sizes"][-1] == 8
     assert [a["meta_info"]["id"] for a in answers] == [f"c{i}" for i in range(8)]
+    # the decode's own seconds: within each request's end-to-end time (which includes the pause)
+    assert 0 < after["last_batch_seconds"] <= min(a["meta_info"]["e2e_latency"] for a in answers)
 
 
 def test_a_batch_decodes_in_rid_order_bitwise_like_one_in_process_call(server, contract, engine):
