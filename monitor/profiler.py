@@ -255,7 +255,14 @@ class RunProfiling:
         self.memory.after_train(rollout_id)
 
     def on_error(self, error: BaseException, rollout_id: int) -> None:
-        """The run is failing with `error` (a CUDA OOM dumps the torch snapshot); never raises."""
+        """The run is failing with `error`: write the trace still open and stop the memory recorder (a
+        CUDA OOM dumps the torch snapshot), so that their events come before the run's `status` event
+        (the status must be the last event: rundir/status.py). Never raises: a failure to write is a
+        warning line, and the run's own error is the one reported."""
+        try:
+            self.profiler.close()
+        except Exception as e:  # noqa: BLE001 - the run is already failing with `error`
+            log.info(f"warning: profiler: could not write the trace after {type(error).__name__}: {e}")
         self.memory.on_error(error, rollout_id)
 
     def close(self, rollout_id: int) -> None:

@@ -36,3 +36,10 @@ async def replace(rollout_id: int, args: Any, samples: list, extra: dict, rollou
 def boom(rollout_id: int, args: Any, samples: list, extra: dict, rollout_time: float) -> bool:
     """Raises at rollout 0."""
     raise KeyError(f"no statsd at rollout {rollout_id}")
+
+
+def boom_at_2(rollout_id: int, args: Any, samples: list, extra: dict, rollout_time: float) -> bool:
+    """Raises at rollout 2 (the run fails inside a profiler window of rollouts 1..3)."""
+    if rollout_id == 2:
+        raise KeyError(f"no statsd at rollout {rollout_id}")
+    return False

@@ -102,3 +102,19 @@ def test_window_past_num_rollout_warns(tmp_path: Path, caplog: pytest.LogCapture
     assert _train(tmp_path / "run", "--use-pytorch-profiler") == 0  # default window 10..11, 2 rollouts
     assert "--profile-step-start 10 is at or past --num-rollout 2" in caplog.text
     assert not (tmp_path / "run" / "profile").exists()
+
+
+def test_run_failing_inside_the_window_ends_with_its_status(tmp_path: Path) -> None:
+    """The trace written when a run fails inside the window is recorded before the status event, so
+    the status is the last event and the reader says failed (not running)."""
+    from grpolab.rundir.status import run_status
+
+    run_dir = tmp_path / "run"
+    flags = ["--use-pytorch-profiler", "--profile-step-start", "1", "--profile-step-end", "4"]
+    flags += ["--custom-rollout-log-function-path", "rollout_loggers.boom_at_2"]
+    assert _train(run_dir, "--num-rollout", "4", *flags) == 1
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    names = [json.loads(line)["event"] for line in lines]
+    assert names[-1] == "status" and json.loads(lines[-1])["status"] == "failed"
+    assert names.count("profiler_trace") == 1 and names.index("profiler_trace") < len(names) - 1
+    assert run_status(run_dir) == "failed"
