@@ -11,7 +11,7 @@ Two recorders (`--memory-recorder`):
   the run's loop until rollout N-1 has trained (or the run ends before).
 
 `<dir>` is `--memory-snapshot-dir`, else RUN_DIR/memory. Each written file is a `memory_snapshot`
-event (path, bytes, recorder, reason). grpolab never loads a snapshot: torch's pickle is opened with
+event (absolute path, bytes, recorder, reason). grpolab never loads a snapshot: torch's pickle is opened with
 `python -m torch.cuda._memory_viz`, memray's file with `memray flamegraph`.
 """
 
@@ -89,7 +89,11 @@ class MemoryRecorder:
 
         def event(path: Path, size: int, reason: str) -> None:
             run_dir.event(
-                "memory_snapshot", path=str(path), bytes=size, recorder=prof.memory_recorder, reason=reason
+                "memory_snapshot",
+                path=str(path.absolute()),
+                bytes=size,
+                recorder=prof.memory_recorder,
+                reason=reason,
             )
 
         return cls(prof, snapshot_dir(prof.memory_snapshot_dir, run_dir.path), rank=rank, on_snapshot=event)

@@ -16,7 +16,7 @@ profiler runs: the cost is the record_function ranges and a hook call per micro-
 (benchmarks/bench_profiler.py measures it).
 
 Traces are `<dir>/rank<r>.<target>.rollout<k>[.window<w>].pt.trace.json.gz`, dir being
-`--tensorboard-dir` or RUN_DIR/profile; each written trace is a `profiler_trace` event (path, bytes).
+`--tensorboard-dir` or RUN_DIR/profile; each written trace is a `profiler_trace` event (absolute path, bytes).
 """
 
 from __future__ import annotations
@@ -109,7 +109,9 @@ class RunProfiler:
             trace_dir(config.monitoring.tensorboard_dir, run_dir.path),
             rank=rank,
             cuda=torch.device(config.model.device).type == "cuda",
-            on_trace=lambda path, size: run_dir.event("profiler_trace", path=str(path), bytes=size),
+            on_trace=lambda path, size: run_dir.event(
+                "profiler_trace", path=str(path.absolute()), bytes=size
+            ),
         )
 
     def attach_actor(self, actor: Any) -> None:

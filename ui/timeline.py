@@ -6,8 +6,9 @@
   the loop's order (core/loop.GRPORun.step), which is the order they run in; the time no phase
   covers is `other`. An eval runs before its step (outside `perf/step_time`) and is drawn just before.
 - `artifacts`: the run's profiler traces and memory snapshots (the `profiler_trace` and
-  `memory_snapshot` events, plus files in RUN_DIR/profile and RUN_DIR/memory that other ranks
-  wrote), each with its size and the command that opens it. Snapshots are listed, never loaded.
+  `memory_snapshot` events, plus files in RUN_DIR/profile, RUN_DIR/memory, --tensorboard-dir and
+  --memory-snapshot-dir that other ranks wrote), each once with its size and the command that opens
+  it. Snapshots are listed, never loaded.
 - `wandb_link`: run.json's "wandb" entry (monitor/wandb_sink.py) as a link or a sync command.
 """
 
@@ -128,22 +129,55 @@ def _artifact(path: Path, event: str | None) -> Artifact | None:
     return Artifact(kind, path, size, event, OPENERS[kind].format(path=quoted, html=html))
 
 
-def artifacts(run_dir: Path, events: list[dict[str, Any]]) -> list[Artifact]:
-    """The run's traces and snapshots: those its events name, then other ranks' files in
-    RUN_DIR/profile and RUN_DIR/memory, in that order, each once."""
+def artifacts(
+    run_dir: Path, events: list[dict[str, Any]], folders: list[Path] | None = None
+) -> list[Artifact]:
+    """The run's traces and snapshots: those its events name, then the files in RUN_DIR/profile,
+    RUN_DIR/memory and `folders` (the run's --tensorboard-dir / --memory-snapshot-dir:
+    `artifact_folders`), where ranks other than 0 write theirs, in that order, each file once.
+
+    Events store absolute paths. An older event's relative path was relative to the command's working
+    directory, which is not known here: it is matched by file name inside the run directory (kept as
+    recorded, missing, when no file of that name is there).
+    """
     found: dict[Path, Artifact] = {}
     for e in events:
         if e.get("event") in ("profiler_trace", "memory_snapshot") and isinstance(e.get("path"), str):
             path = Path(e["path"])
-            item = _artifact(path if path.is_absolute() else run_dir / path, e["event"])
+            item = _artifact(path if path.is_absolute() else _by_name(run_dir, path), e["event"])
             if item is not None:
-                found.setdefault(item.path, item)
-    for folder in (run_dir / "profile", run_dir / "memory"):
+                found.setdefault(_key(item.path), item)
+    for folder in (run_dir / "profile", run_dir / "memory", *(folders or [])):
         for path in sorted(folder.glob("*")) if folder.is_dir() else []:
             item = _artifact(path, None)
             if item is not None:
-                found.setdefault(item.path, item)
+                found.setdefault(_key(item.path), item)
     return list(found.values())
+
+
+def artifact_folders(run_json: dict[str, Any]) -> list[Path]:
+    """The run's --tensorboard-dir (traces) and --memory-snapshot-dir (snapshots) from run.json's
+    "config" (absent: the run wrote them under RUN_DIR/profile and RUN_DIR/memory)."""
+    config = run_json.get("config") if isinstance(run_json.get("config"), dict) else {}
+    values = [
+        (config.get("monitoring") or {}).get("tensorboard_dir"),
+        (config.get("profiling") or {}).get("memory_snapshot_dir"),
+    ]
+    return [Path(v) for v in values if isinstance(v, str) and v]
+
+
+def _by_name(run_dir: Path, path: Path) -> Path:
+    """The file named `path.name` inside `run_dir` (its first match, searched recursively), else `path`."""
+    matches = sorted(run_dir.rglob(path.name)) if run_dir.is_dir() else []
+    return matches[0] if matches else path
+
+
+def _key(path: Path) -> Path:
+    """One key per file however it was named (absolute, through a link, relative)."""
+    try:
+        return path.resolve()
+    except OSError:
+        return path
 
 
 def wandb_link(run_json: dict[str, Any]) -> str | None:

@@ -4,6 +4,7 @@ snapshot are listed with their sizes and openers, and the wandb entry of run.jso
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,13 @@ def profiled_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("memray")
     root = tmp_path_factory.mktemp("timeline")
     argv = ["train", *FLAGS, "--record-memory-history", "--memory-recorder", "memray"]
-    argv += ["--run-dir", str(root / "prof")]
-    train(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv])
+    argv += ["--run-dir", "prof"]  # relative: the events must still name the files absolutely
+    cwd = Path.cwd()
+    os.chdir(root)
+    try:
+        train(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv])
+    finally:
+        os.chdir(cwd)
     run_json = root / "prof" / "run.json"
     body = json.loads(run_json.read_text())
     body["wandb"] = {
@@ -81,6 +87,10 @@ def test_artifacts_and_wandb_link(profiled_root: Path) -> None:
         ("trace", trace, "profiler_trace"),
     ]
     assert [a.bytes for a in items] == [snap.stat().st_size, trace.stat().st_size]
+    paths = [
+        e["path"] for e in store.read_events("prof") if e["event"] in ("profiler_trace", "memory_snapshot")
+    ]
+    assert sorted(paths) == sorted([str(snap), str(trace)])  # absolute, though --run-dir was relative
     assert items[0].command == f"memray flamegraph {snap}"
     assert timeline.wandb_link({}) is None
     assert timeline.wandb_link({"wandb": {"id": "x1", "mode": "offline", "dir": "/w/run-x1"}}) == (
@@ -96,6 +106,31 @@ def test_artifacts_and_wandb_link(profiled_root: Path) -> None:
         torch_snap[0].command
         == "python -m torch.cuda._memory_viz trace_plot /x/oom-rank0-rollout3.pickle -o /x/oom-rank0-rollout3.html"
     )
+
+
+def test_old_relative_event_paths_are_found_by_name_once(profiled_root: Path, tmp_path: Path) -> None:
+    """An event written before paths were absolute names the file relative to the command's cwd
+    ("runs/prof/profile/..."): it is found by name in the run directory and listed once, and files of
+    another rank in --tensorboard-dir (run.json's config) are listed too."""
+    run_dir = profiled_root / "prof"
+    name = "rank0.train_overall.rollout0.pt.trace.json.gz"
+    old = [{"event": "profiler_trace", "path": f"runs/prof/profile/{name}"}]
+    items = timeline.artifacts(run_dir, old)
+    assert [(a.path, a.event) for a in items if a.kind == "trace"] == [
+        (run_dir / "profile" / name, "profiler_trace")
+    ]
+    assert len(items) == 2 and all(a.bytes is not None for a in items)
+    gone = timeline.artifacts(
+        run_dir, [{"event": "profiler_trace", "path": "runs/x/rank3.a.pt.trace.json.gz"}]
+    )
+    assert gone[0].path == Path("runs/x/rank3.a.pt.trace.json.gz") and gone[0].bytes is None
+    tb = tmp_path / "tb"
+    tb.mkdir()
+    (tb / "rank1.train_overall.rollout0.pt.trace.json.gz").write_bytes(b"x" * 7)
+    folders = timeline.artifact_folders({"config": {"monitoring": {"tensorboard_dir": str(tb)}}})
+    assert folders == [tb]
+    listed = timeline.artifacts(run_dir, [], folders)
+    assert (tb / "rank1.train_overall.rollout0.pt.trace.json.gz", 7) in [(a.path, a.bytes) for a in listed]
 
 
 def test_timeline_page_renders(profiled_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

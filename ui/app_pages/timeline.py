@@ -75,7 +75,8 @@ if run is not None:
         )
         st.dataframe(_totals(spans), hide_index=True, key="timeline_totals")
     st.subheader("Profiler traces and memory snapshots")
-    items = timeline.artifacts(store.run_path(run), store.read_events(run))
+    folders = timeline.artifact_folders(store.read_run_json(run))
+    items = timeline.artifacts(store.run_path(run), store.read_events(run), folders)
     if items:
         _files(items)
     else:
