@@ -115,9 +115,20 @@ class ServerProfiler:
         return self.request is not None
 
     def begin(self, request: ProfileRequest) -> None:
-        """Arm a profile (call on the event loop; the start itself happens on the engine thread)."""
+        """Arm a profile (call on the event loop; the start itself happens on the engine thread).
+
+        Raises:
+            RequestError: `output_dir` cannot be made a directory (a file, no permission); nothing is
+                armed then (HTTP 400 naming output_dir).
+        """
+        try:
+            request.output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RequestError(
+                f"/start_profile: output_dir {str(request.output_dir)!r} cannot be made a directory: "
+                f"{e.strerror or e}"
+            ) from None
         self.request = request
-        request.output_dir.mkdir(parents=True, exist_ok=True)
         batcher = self.state.batcher
         self.decodes = batcher.batches
         if not isinstance(batcher.engine, ProfiledEngine):

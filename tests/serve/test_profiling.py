@@ -75,3 +75,15 @@ def test_stop_without_start_and_bad_fields(server) -> None:
             ans.text
         )
     assert server.call("/stop_profile").status == 400  # none of them started a profile
+
+
+def test_output_dir_that_is_a_file_is_400_and_starts_nothing(server, tmp_path: Path) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    ans = server.call("/start_profile", {"output_dir": str(a_file / "sub"), "activities": ["CPU"]})
+    assert ans.status == 400 and "output_dir" in ans.body["error"]["message"]
+    assert str(a_file / "sub") in ans.body["error"]["message"]
+    assert server.call("/stop_profile").status == 400  # no profile is believed to run
+    ans = server.call("/start_profile", {"output_dir": str(tmp_path / "ok"), "activities": ["CPU"]})
+    assert ans.status == 200  # the server is not stuck "in progress"
+    assert server.call("/stop_profile").status == 200
