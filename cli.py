@@ -14,7 +14,7 @@ import sys
 
 from grpolab.checkers.hash_command import add_hash_parser, run_hash_command
 from grpolab.core.config.flags import add_train_flags, config_from_args
-from grpolab.core.launch import add_launch_flags, launch_torchrun
+from grpolab.core.launch import add_launch_flags, launch_torchrun, planned_world_size
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +83,8 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
     try:
         config = config_from_args(args)
-        check_inputs(config)  # flags, model, data, reward: before transformers and any run directory
+        world = planned_world_size(args.nproc_per_node)
+        check_inputs(config, world_size=world)  # flags, model, data, reward: before transformers, any run dir
     except (ValueError, FileNotFoundError) as e:
         subcommand_parser(parser, "train").error(str(e))  # usage: grpolab train …, exit 2
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:

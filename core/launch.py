@@ -81,11 +81,12 @@ def output_directories(config: Config) -> list[tuple[str, str, Path, str]]:
     """(flag, its value, directory, purpose) of every directory the run writes into.
 
     `--run-dir` (without it, runs/, where the default run directory goes), `--save`,
-    `--save-debug-event-data`, `--wandb-dir` and `--tensorboard-dir` are directories; for a path template
+    `--save-debug-event-data`, `--wandb-dir`, `--tensorboard-dir` and `--memory-snapshot-dir` are directories; for a path template
     (`--save-debug-rollout-data`, `--ci-save-grad-norm`) it is the template's folder up to its
     first `{placeholder}` (a folder named by a placeholder is made per file, inside that one).
     """
-    run, debug, ci = config.run, config.debug, config.ci
+    run, debug, ci, prof = config.run, config.debug, config.ci, config.profiling
+    snapshots = prof.memory_snapshot_dir if prof.record_memory_history else None  # used only then
     out = []
     for flag, path, purpose in (
         ("--run-dir", run.run_dir, "") if run.run_dir is not None else ("--run-dir (default)", "runs", ""),
@@ -93,6 +94,7 @@ def output_directories(config: Config) -> list[tuple[str, str, Path, str]]:
         ("--save-debug-event-data", debug.save_debug_event_data, " for events.jsonl"),
         ("--wandb-dir", config.monitoring.wandb_dir, " for wandb's files"),
         ("--tensorboard-dir", config.monitoring.tensorboard_dir, " for TensorBoard files"),
+        ("--memory-snapshot-dir", snapshots, " for memory snapshots"),
     ):
         if path is not None:
             out.append((flag, str(path), Path(path), purpose))
@@ -169,6 +171,14 @@ def _try_making(folder: Path, shown: str, flag: str, purpose: str) -> None:
         raise ValueError(
             f"{flag} {shown}: cannot make a directory{purpose} there ({e.strerror} in {folder})"
         ) from None
+
+
+def planned_world_size(nproc_per_node: int | None) -> int:
+    """The ranks the run will have, known before launch: `--nproc-per-node` (this process re-launches
+    under torchrun), else torchrun's WORLD_SIZE (this process is a rank), else 1."""
+    if nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
+        return max(nproc_per_node, 1)
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:

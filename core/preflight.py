@@ -10,7 +10,9 @@ fire (`faults.check_reachable`), every prompt file (`--prompt-data` and each
 `--eval-prompt-data NAME PATH`: readable, UTF-8 JSON lines or parquet, rows with the prompt and
 label keys), the reward (`--custom-rm-path` imports and is callable, else `--rm-type` is
 registered) and the monitoring flags (`monitor.check_monitoring`: wandb / tensorboard import when
-asked for, `--custom-rollout-log-function-path` imports). The config itself (ranges, finite numbers) was checked when it was built.
+asked for, `--custom-rollout-log-function-path` imports and takes Miles' five arguments) and the
+profiling flags (`monitor.checks`: every `--profile-ranks` rank exists in the world, the
+`--memory-recorder` can run here). The config itself (ranges, finite numbers) was checked when it was built.
 
 Cost: a .jsonl prompt file is parsed here and again when the run builds its dataset (GSM8K's train
 split, 4 MB and 7473 rows, takes about 0.08 s); a parquet file is only checked for its magic bytes.
@@ -25,16 +27,19 @@ from grpolab.checkers.faults import check_reachable, parse_fault_actions
 from grpolab.core.data import check_rows, prompt_file, read_rows_and_lines
 from grpolab.core.launch import check_on_this_machine
 from grpolab.core.model_files import check_model, max_position_embeddings, split_checkpoint
+from grpolab.monitor.checks import check_profiling_start
 from grpolab.monitor.hub import check_monitoring
 
 if TYPE_CHECKING:
     from grpolab.core.config import Config
 
 
-def check_inputs(config: Config) -> None:
+def check_inputs(config: Config, *, world_size: int = 1) -> None:
     """Check what `config` names on this machine and in its files (see the module docstring).
 
-    Imports no transformers; imports the user's `--custom-rm-path` module.
+    `world_size`: the ranks the run will have (`launch.planned_world_size`: --nproc-per-node or
+    torchrun's WORLD_SIZE; 1 otherwise), for `--profile-ranks`. Imports no transformers; imports the
+    user's `--custom-rm-path` module.
 
     Raises:
         ValueError / FileNotFoundError: naming the flag and the file (`grpolab train` exits 2).
@@ -50,6 +55,7 @@ def check_inputs(config: Config) -> None:
     check_prompt_data(config)
     check_reward(config)
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
+    check_profiling_start(config, world_size=world_size)  # --profile-ranks, --memory-recorder
 
 
 def check_response_length(config: Config) -> None:

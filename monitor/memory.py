@@ -6,7 +6,7 @@ Two recorders (`--memory-recorder`):
 - torch: the CUDA caching allocator's history (`torch.cuda.memory._record_memory_history`), dumped
   with `torch.cuda.memory._dump_snapshot` to `<dir>/memory_snapshot-rank<r>-rollout<k>.pickle`; a
   `torch.cuda.OutOfMemoryError` that ends the run dumps `<dir>/oom-rank<r>-rollout<k>.pickle`. CUDA
-  only: on a machine without CUDA it is refused at start.
+  only: on a machine without CUDA it is refused at start (monitor/checks.py).
 - memray: host memory through `memray.Tracker`, writing `<dir>/memray-rank<r>.bin` from the start of
   the run's loop until rollout N-1 has trained (or the run ends before).
 
@@ -30,30 +30,6 @@ log = logging.getLogger("grpolab")
 
 MAX_ENTRIES = 100_000
 """Allocator events kept by torch's recorder (the value of PyTorch's memory-snapshot docs example)."""
-
-
-def check_memory_recorder(cfg: ProfilingConfig, *, cuda_available: bool | None = None) -> None:
-    """Refuse a recorder this machine cannot run (`cuda_available`: default torch.cuda.is_available()).
-
-    Raises:
-        ValueError: `--memory-recorder torch` (the default) without CUDA; memray not installed.
-    """
-    if not cfg.record_memory_history:
-        return
-    if cuda_available is None:
-        cuda_available = torch.cuda.is_available()
-    if cfg.memory_recorder == "torch" and not cuda_available:
-        raise ValueError(
-            "--record-memory-history --memory-recorder torch records CUDA memory and this machine has no "
-            "CUDA; use --memory-recorder memray on CPU"
-        )
-    if cfg.memory_recorder == "memray":
-        try:
-            import memray  # noqa: F401
-        except ImportError as e:
-            raise ValueError(
-                "--memory-recorder memray needs the memray package: pip install 'grpolab[monitoring]'"
-            ) from e
 
 
 def snapshot_dir(memory_snapshot_dir: str | None, run_dir: Path) -> Path:

@@ -31,7 +31,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from grpolab.core.config.monitoring import ProfilingConfig
-from grpolab.monitor.memory import MemoryRecorder, check_memory_recorder
+from grpolab.monitor.checks import check_memory_recorder, check_profile_ranks, profiling_warnings
+from grpolab.monitor.memory import MemoryRecorder
 
 log = logging.getLogger("grpolab")
 
@@ -39,32 +40,6 @@ TRACE_SUFFIX = ".pt.trace.json.gz"
 """torch's tensorboard_trace_handler suffix (gzipped Chrome trace JSON); the UI lists files by it."""
 STEP_RANGE = "grpolab/rollout_step_{}"
 """record_function name of the loop's iteration for one rollout id."""
-
-
-def check_profiling(cfg: ProfilingConfig, *, world_size: int, num_rollout: int) -> list[str]:
-    """Check the profiler flags against this run's world; return warnings to print.
-
-    Args:
-        world_size: number of ranks of the run (1 without torchrun).
-        num_rollout: `--num-rollout`.
-
-    Raises:
-        ValueError: a `--profile-ranks` rank >= world_size (the rank does not exist).
-    """
-    if not cfg.use_pytorch_profiler:
-        return []
-    missing = [r for r in cfg.profile_ranks if r >= world_size]
-    if missing:
-        raise ValueError(
-            f"--profile-ranks {' '.join(map(str, missing))}: no such rank in a world of {world_size} "
-            f"(ranks are 0..{world_size - 1})"
-        )
-    if cfg.profile_target == "train_overall" and cfg.profile_step_start >= num_rollout:
-        return [
-            f"warning: --use-pytorch-profiler: --profile-step-start {cfg.profile_step_start} is at or past "
-            f"--num-rollout {num_rollout} (rollout ids 0..{num_rollout - 1}); nothing will be traced"
-        ]
-    return []
 
 
 def trace_dir(tensorboard_dir: str | None, run_dir: Path) -> Path:
@@ -236,12 +211,12 @@ class RunProfiling:
 
         Raises:
             ValueError: a `--profile-ranks` rank outside the world; a memory recorder this machine
-                cannot run (monitor/memory.check_memory_recorder).
+                cannot run (monitor/checks.py; preflight already checked both).
         """
-        num = config.rollout.num_rollout
-        for warning in check_profiling(config.profiling, world_size=world_size, num_rollout=num):
-            log.info(warning)
+        check_profile_ranks(config.profiling, world_size=world_size)
         check_memory_recorder(config.profiling)
+        for warning in profiling_warnings(config.profiling, num_rollout=config.rollout.num_rollout):
+            log.info(warning)
 
     @contextmanager
     def rollout_step(self, rollout_id: int) -> Iterator[None]:

@@ -3,6 +3,7 @@ reader opens it; recorders this machine cannot run and a non-train_overall targe
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,10 +40,13 @@ def test_memray_snapshot_after_rollout_n_minus_1(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_torch_recorder_without_cuda_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert _train(tmp_path / "run", "--record-memory-history") == 2  # --memory-recorder torch by default
+    with pytest.raises(SystemExit) as e:
+        _train(tmp_path / "run", "--record-memory-history")  # --memory-recorder torch by default
+    assert e.value.code == 2
     err = capsys.readouterr().err
     assert "records CUDA memory" in err and "use --memory-recorder memray on CPU" in err
     assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # refused at start, before the run directory
 
 
 @pytest.mark.parametrize(
@@ -98,3 +102,29 @@ def test_torch_snapshot_on_a_real_cuda_oom(tmp_path: Path) -> None:
     path = tmp_path / "oom-rank0-rollout2.pickle"
     assert written == [(path, path.stat().st_size, "oom")]
     assert kept.sum().item() == 1 << 20
+
+
+def test_memory_snapshot_dir_that_is_a_file_is_exit_2_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    flags = ["--record-memory-history", "--memory-recorder", "memray", "--memory-snapshot-dir", str(a_file)]
+    with pytest.raises(SystemExit) as e:
+        _train(tmp_path / "run", *flags)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--memory-snapshot-dir {a_file}: is a file; expected a directory for memory snapshots" in err
+    assert not (tmp_path / "run").exists()  # refused before the model loads and the run directory
+
+
+def test_memray_not_installed_is_exit_2_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "memray", None)  # `import memray` raises ImportError, as uninstalled
+    with pytest.raises(SystemExit) as e:
+        _train(tmp_path / "run", "--record-memory-history", "--memory-recorder", "memray")
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--memory-recorder memray needs the memray package" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()

@@ -89,19 +89,42 @@ def test_train_log_probs_traces_the_policy_forward_only(tmp_path: Path) -> None:
     assert len(events(run_dir, "profiler_trace")) == 2
 
 
-def test_profile_rank_outside_world_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = _train(tmp_path / "run", "--use-pytorch-profiler", "--profile-ranks", "0", "3")
-    assert code == 2
+@pytest.mark.parametrize(
+    ("world", "ranks", "shown"), [([], ["0", "3"], "3"), (["--nproc-per-node", "2"], ["2"], "2")]
+)
+def test_profile_rank_outside_world_is_exit_2_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], world: list[str], ranks: list[str], shown: str
+) -> None:
+    """Checked before launch (torchrun included: --nproc-per-node is the world) and before the run dir."""
+    with pytest.raises(SystemExit) as e:
+        _train(tmp_path / "run", "--use-pytorch-profiler", "--profile-ranks", *ranks, *world)
+    assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "--profile-ranks 3: no such rank in a world of 1" in err
+    assert f"--profile-ranks {shown}: no such rank in a world of {1 if not world else 2}" in err
     assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()
 
 
-def test_window_past_num_rollout_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("INFO", logger="grpolab")
+def test_window_past_num_rollout_warns(tmp_path: Path) -> None:
     assert _train(tmp_path / "run", "--use-pytorch-profiler") == 0  # default window 10..11, 2 rollouts
-    assert "--profile-step-start 10 is at or past --num-rollout 2" in caplog.text
+    console = (tmp_path / "run" / "console.log").read_text()  # the grpolab logger does not propagate
+    assert "--profile-step-start 10 is at or past --num-rollout 2" in console
     assert not (tmp_path / "run" / "profile").exists()
+
+
+def test_windows_partly_past_num_rollout_warn() -> None:
+    """A window that only partly fits, and a memory snapshot past the last rollout, are warned about."""
+    from grpolab.core.config.monitoring import ProfilingConfig
+    from grpolab.monitor.checks import profiling_warnings
+
+    cfg = ProfilingConfig(use_pytorch_profiler=True, profile_step_start=1, profile_step_end=5)
+    (line,) = profiling_warnings(cfg, num_rollout=3)
+    assert "--profile-step-end 5 is past --num-rollout 3; only rollouts 1..2 will be traced" in line
+    assert profiling_warnings(cfg, num_rollout=5) == []
+    mem = ProfilingConfig(record_memory_history=True, memory_recorder="memray", memory_snapshot_num_steps=4)
+    (line,) = profiling_warnings(mem, num_rollout=2)
+    assert "--memory-snapshot-num-steps 4 is past --num-rollout 2" in line
+    assert profiling_warnings(mem, num_rollout=4) == []
 
 
 def test_run_failing_inside_the_window_ends_with_its_status(tmp_path: Path) -> None:
