@@ -125,10 +125,29 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
+SECRET_FLAGS = {
+    "--wandb-key": "set WANDB_API_KEY in the environment (or run `wandb login`)",
+    "--wandb-host": "set WANDB_BASE_URL in the environment",
+}
+"""Miles' wandb flags that grpolab does not take: the key stays wandb's business (monitor/wandb_sink.py)."""
+
+
+def refuse_secret_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Exit 2 on Miles' `--wandb-key` / `--wandb-host`, saying what to set instead, without echoing the
+    value (argparse's "unrecognized arguments" line would print the API key)."""
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag in SECRET_FLAGS:
+            command = argv[0] if argv and argv[0] in ("train", "serve") else None
+            target = subcommand_parser(parser, command) if command else parser
+            target.error(f"{flag} is not a grpolab flag (its value is not shown): {SECRET_FLAGS[flag]}")
+
+
 def _dispatch(argv: list[str] | None) -> int:
     """Parse the command line and run the subcommand; returns its exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    refuse_secret_flags(parser, argv)
     args = parser.parse_args(argv)
     if args.command == "train":
         return run_train_command(parser, args, argv)

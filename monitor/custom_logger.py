@@ -42,7 +42,8 @@ def load_rollout_logger(path: str) -> RolloutLogger:
 
     Raises:
         ValueError: naming the flag and the path: no module part, the module does not import (with
-            its error), no such attribute, or not callable (`grpolab train` exits 2 before the run).
+            its error), no such attribute, not callable, or not callable with five positional
+            arguments (`check_signature`; `grpolab train` exits 2 before the run).
     """
     module_name, _, attribute = path.rpartition(".")
     if not module_name or not attribute:
@@ -58,7 +59,29 @@ def load_rollout_logger(path: str) -> RolloutLogger:
         raise ValueError(f"{FLAG} {path!r}: module {module_name!r} has no attribute {attribute!r}")
     if not callable(fn):
         raise ValueError(f"{FLAG} {path!r}: {path} is not callable ({type(fn).__name__})")
+    check_signature(path, fn)
     return RolloutLogger(path, fn)
+
+
+def check_signature(path: str, fn: Callable[..., Any]) -> None:
+    """`fn` accepts Miles' five positional arguments (rollout_id, args, samples, extra, rollout_time).
+
+    A callable whose signature Python cannot tell (some builtins) is accepted as it is.
+
+    Raises:
+        ValueError: naming the flag, the path, its signature and the call it must accept.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*range(5))
+    except TypeError as error:
+        raise ValueError(
+            f"{FLAG} {path!r}: {path}{signature} cannot be called as "
+            f"fn(rollout_id, args, samples, extra, rollout_time) ({error})"
+        ) from None
 
 
 def flat_args(config: Config) -> argparse.Namespace:

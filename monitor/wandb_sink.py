@@ -33,8 +33,8 @@ class WandbSink:
 
     Attributes:
         run: the wandb Run.
-        info: what run.json stores under "wandb": id, project, group, mode (online | offline |
-            disabled), dir (the wandb run's own folder, holding run-<id>.wandb and files/; None when
+        info: what run.json stores under "wandb": id (None when disabled), project, group, mode
+            (online | offline | disabled), dir (the wandb run's own folder, holding run-<id>.wandb and files/; None when
             disabled), url (None unless online).
 
     Raises (on construction):
@@ -70,7 +70,7 @@ class WandbSink:
             self.run.define_metric(glob, step_metric=axis)
         mode = "disabled" if self.run.disabled else "offline" if self.run.offline else "online"
         self.info: dict[str, Any] = {
-            "id": self.run.id,
+            "id": None if mode == "disabled" else self.run.id,  # a disabled run's id names nothing
             "project": self.run.project,
             "group": cfg.wandb_group,
             "mode": mode,

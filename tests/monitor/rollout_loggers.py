@@ -43,3 +43,8 @@ def boom_at_2(rollout_id: int, args: Any, samples: list, extra: dict, rollout_ti
     if rollout_id == 2:
         raise KeyError(f"no statsd at rollout {rollout_id}")
     return False
+
+
+def two_args(rollout_id: int, samples: list) -> bool:
+    """The wrong shape: Miles calls a rollout logger with five positional arguments."""
+    return False

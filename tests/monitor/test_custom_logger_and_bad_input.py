@@ -94,3 +94,37 @@ def test_tensorboard_dir_that_is_a_file_is_exit_2(tmp_path: Path, capsys: pytest
         f"--tensorboard-dir {tmp_path / 'tb'}: is a file; expected a directory for TensorBoard files" in err
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_logger_with_the_wrong_signature_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        _train(run_dir, "--custom-rollout-log-function-path", "rollout_loggers.two_args")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--custom-rollout-log-function-path 'rollout_loggers.two_args'" in err
+    assert "cannot be called as fn(rollout_id, args, samples, extra, rollout_time)" in err
+    assert not run_dir.exists()  # refused at start, not at rollout 0
+
+
+@pytest.mark.parametrize(
+    "argv", [["--wandb-key", "sEcReT42"], ["--wandb-key=sEcReT42"], ["--wandb-host", "sEcReT42"]]
+)
+def test_miles_wandb_key_flag_is_exit_2_without_echoing_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _train(tmp_path / "run", "--use-wandb", *argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "sEcReT42" not in err
+    flag = argv[0].split("=")[0]
+    env = "WANDB_API_KEY" if flag == "--wandb-key" else "WANDB_BASE_URL"
+    assert f"{flag} is not a grpolab flag" in err and env in err
+
+
+def test_wandb_mode_disabled_stores_no_id(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, "--use-wandb", "--wandb-mode", "disabled") == 0
+    info = json.loads((run_dir / "run.json").read_text())["wandb"]
+    assert (info["mode"], info["id"], info["dir"], info["url"]) == ("disabled", None, None, None)
