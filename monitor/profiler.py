@@ -7,8 +7,10 @@ into one trace; with `train_actor` / `train_log_probs` a step is one micro-batch
 forward/backward / of the policy's log-prob forward, the index restarts at every optimizer window,
 and each window's micro-batches start .. end-1 become one trace. Micro-batches are counted by a
 forward pre-hook on the policy model (grad enabled: training; disabled: log-probs), so the actor
-needs no profiler code; a forward of the other kind or of the reference model, the optimizer step
-(train_actor) and the end of the rollout step end a micro-batch window.
+needs no profiler code; each traced forward is a `grpolab/micro_batch_<i>` range. A forward of the
+other kind, the optimizer step (train_actor), the end of the window's last log-prob forward
+(train_log_probs) and the end of the rollout step end a micro-batch window; the reference model's
+forward is not counted and does not touch the window.
 
 Phase names come from `PhaseTimer` (core/metrics.py), which opens a `grpolab/<phase>` record_function
 range around every timed phase; the loop's step adds `grpolab/rollout_step_<k>`. Outside a window no
@@ -40,6 +42,8 @@ TRACE_SUFFIX = ".pt.trace.json.gz"
 """torch's tensorboard_trace_handler suffix (gzipped Chrome trace JSON); the UI lists files by it."""
 STEP_RANGE = "grpolab/rollout_step_{}"
 """record_function name of the loop's iteration for one rollout id."""
+MICRO_BATCH_RANGE = "grpolab/micro_batch_{}"
+"""record_function name of a traced policy forward, by its index in its optimizer window."""
 
 
 def trace_dir(tensorboard_dir: str | None, run_dir: Path) -> Path:
@@ -74,6 +78,8 @@ class RunProfiler:
         self._counts = {True: 0, False: 0}  # micro-batches seen this rollout, by grad mode
         self._per_window = 1
         self._hooks: list[Any] = []
+        self._range: Any = None  # the open grpolab/micro_batch_<i> record_function, if any
+        self._index = -1  # index of the policy micro-batch now running in its optimizer window
 
     @classmethod
     def for_run(cls, config: Any, run_dir: Any, rank: int) -> RunProfiler:
@@ -94,7 +100,7 @@ class RunProfiler:
         if actor is None:
             return
         micro = actor.opt_cfg.micro_batch_size
-        self.attach(actor.model, actor.ref_model, per_window=-(-actor.local_batch_size // micro))
+        self.attach(actor.model, per_window=-(-actor.local_batch_size // micro))
         self.attach_optimizer(actor.optimizer)
 
     # ------------------------------------------------------------------ session
@@ -109,6 +115,7 @@ class RunProfiler:
 
     def _stop(self) -> None:
         """Stop the running session, if any, and write its gzipped Chrome trace."""
+        self._end_range()
         prof, self._prof = self._prof, None
         if prof is None:
             return
@@ -142,7 +149,7 @@ class RunProfiler:
                 self._stop()
 
     # ------------------------------------------------------------------ micro-batches
-    def attach(self, model: torch.nn.Module, ref_model: torch.nn.Module | None, *, per_window: int) -> None:
+    def attach(self, model: torch.nn.Module, *, per_window: int) -> None:
         """Count micro-batches of `model` (train_actor / train_log_probs targets; no-op otherwise).
 
         Args:
@@ -155,8 +162,7 @@ class RunProfiler:
         self._hooks.append(
             model.register_forward_pre_hook(lambda *_: self._micro_batch(torch.is_grad_enabled()))
         )
-        if ref_model is not None:
-            self._hooks.append(ref_model.register_forward_pre_hook(lambda *_: self._stop()))
+        self._hooks.append(model.register_forward_hook(lambda *_: self._after_micro_batch()))
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         """End a train_actor window at its optimizer step (no-op for the other targets)."""
@@ -164,17 +170,37 @@ class RunProfiler:
             self._hooks.append(optimizer.register_step_post_hook(lambda *_: self._stop()))
 
     def _micro_batch(self, training: bool) -> None:
-        """A forward of the policy model begins: start or stop a window at this micro-batch."""
+        """A forward of the policy model begins: start or stop a window at this micro-batch, and open
+        its `grpolab/micro_batch_<i>` range while a window runs."""
         if training != (self.cfg.profile_target == "train_actor"):
             self._stop()  # the other kind of forward: the target's loop is over
             return
         count = self._counts[training]
         self._counts[training] = count + 1
-        window, index = divmod(count, self._per_window)
-        if index == self.cfg.profile_step_end or index == 0:
+        window, self._index = divmod(count, self._per_window)
+        if self._index == self.cfg.profile_step_end or self._index == 0:
             self._stop()
-        if index == self.cfg.profile_step_start and self._prof is None:
+        if self._index == self.cfg.profile_step_start and self._prof is None:
             self._start(f"{self.cfg.profile_target}.rollout{self._rollout_id}.window{window}")
+        if self._prof is not None:
+            self._range = record_function(MICRO_BATCH_RANGE.format(self._index))
+            self._range.__enter__()
+
+    def _after_micro_batch(self) -> None:
+        """A forward of the policy model ended: close its range; a log-prob window ends after its last
+        micro-batch (end - 1, or the optimizer window's last), so the forward that follows (the
+        reference's) is not traced. A train_actor window waits for the backward (ended by the next
+        forward or the optimizer step)."""
+        self._end_range()
+        if self.cfg.profile_target != "train_log_probs" or self._prof is None:
+            return
+        if self._index + 1 >= min(self.cfg.profile_step_end, self._per_window):
+            self._stop()
+
+    def _end_range(self) -> None:
+        opened, self._range = self._range, None
+        if opened is not None:
+            opened.__exit__(None, None, None)
 
     def close(self) -> None:
         """Write a trace still running (the run ended inside the window) and remove the hooks."""

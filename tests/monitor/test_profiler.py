@@ -89,6 +89,21 @@ def test_train_log_probs_traces_the_policy_forward_only(tmp_path: Path) -> None:
     assert len(events(run_dir, "profiler_trace")) == 2
 
 
+def test_train_log_probs_window_to_the_last_micro_batch_leaves_the_reference_out(tmp_path: Path) -> None:
+    """Micro-batches 2..3 of 4: the window ends after the policy's last log-prob forward, so the
+    reference forward that follows is not in it, and each traced micro-batch has its own range."""
+    run_dir = tmp_path / "run"
+    flags = ["--use-pytorch-profiler", "--profile-target", "train_log_probs", "--micro-batch-size", "1"]
+    flags += ["--profile-step-start", "2", "--profile-step-end", "4", "--num-rollout", "1"]
+    assert _train(run_dir, *flags) == 0
+    (trace,) = sorted((run_dir / "profile").glob(f"*{TRACE_SUFFIX}"))
+    names = [e["name"] for e in _ranges(trace)]
+    assert sorted(names) == ["grpolab/micro_batch_2", "grpolab/micro_batch_3"]
+    with gzip.open(trace, "rt", encoding="utf-8") as f:
+        ops = [e.get("name") for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    assert ops.count("aten::embedding") == 2  # two policy forwards, no reference forward
+
+
 @pytest.mark.parametrize(
     ("world", "ranks", "shown"), [([], ["0", "3"], "3"), (["--nproc-per-node", "2"], ["2"], "2")]
 )
