@@ -53,8 +53,11 @@ def check_monitoring(config: Config) -> None:
         load_rollout_logger(cfg.custom_rollout_log_function_path)
 
 
-def build_sinks(config: Config, run_dir: Path) -> list[MetricSink]:
+def build_sinks(config: Config, run_dir: Path, *, continued: bool = False) -> list[MetricSink]:
     """The sinks the config asks for, in order wandb, TensorBoard (call on rank 0 only).
+
+    `continued`: this start continues `run_dir` (RunDirectory.continued): the wandb run of the earlier
+    start (run.json's "wandb" id) is resumed, and TensorBoard purges what this start re-runs.
 
     Raises:
         RuntimeError: wandb.init failed (wandb_sink.WandbSink); OSError: a directory cannot be made.
@@ -62,17 +65,29 @@ def build_sinks(config: Config, run_dir: Path) -> list[MetricSink]:
     """
     from grpolab.monitor.tensorboard_sink import TensorBoardSink, tensorboard_dir
     from grpolab.monitor.wandb_sink import WandbSink
+    from grpolab.rundir.reader import METRICS_FILE
 
     cfg, sinks = config.monitoring, []
     try:
         if cfg.use_wandb:
-            sinks.append(WandbSink(cfg, run_dir, config.to_dict()))
+            resume_id = _earlier_wandb_id(run_dir) if continued else None
+            sinks.append(WandbSink(cfg, run_dir, config.to_dict(), resume_id=resume_id))
         if cfg.use_tensorboard:
-            sinks.append(TensorBoardSink(tensorboard_dir(cfg, run_dir)))
+            metrics = run_dir / METRICS_FILE if continued else None
+            sinks.append(TensorBoardSink(tensorboard_dir(cfg, run_dir), metrics_file=metrics))
     except BaseException:
         Monitor(sinks).close("failed")
         raise
     return sinks
+
+
+def _earlier_wandb_id(run_dir: Path) -> str | None:
+    """run.json's "wandb" id (an earlier start's wandb run; None when absent or disabled)."""
+    from grpolab.rundir.reader import read_run_meta
+
+    info = read_run_meta(run_dir).raw.get("wandb")
+    wandb_id = info.get("id") if isinstance(info, dict) else None
+    return wandb_id if isinstance(wandb_id, str) and wandb_id else None
 
 
 class Monitor:
@@ -148,7 +163,7 @@ def open_monitor(config: Config, run_dir: RunDirectory, *, primary: bool) -> Mon
         return Monitor([])
     path = config.monitoring.custom_rollout_log_function_path
     rollout_logger = load_rollout_logger(path) if path else None
-    sinks = build_sinks(config, run_dir.path)
+    sinks = build_sinks(config, run_dir.path, continued=run_dir.continued)
     monitor = Monitor(sinks, rollout_logger, config=config, run_dir=run_dir.path)
     run_dir.at_finish(monitor.close)
     from grpolab.monitor.wandb_sink import WandbSink

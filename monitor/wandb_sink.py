@@ -45,7 +45,11 @@ class WandbSink:
     name = "wandb"
     flag = "--use-wandb"
 
-    def __init__(self, cfg: MonitoringConfig, run_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(
+        self, cfg: MonitoringConfig, run_dir: Path, config: dict[str, Any], *, resume_id: str | None = None
+    ) -> None:
+        """`resume_id`: the wandb run of an earlier start of this run directory (run.json's "wandb"
+        id), continued with wandb.init(id=..., resume="allow") instead of opening a second run."""
         import wandb
 
         directory = Path(cfg.wandb_dir) if cfg.wandb_dir else run_dir
@@ -59,6 +63,7 @@ class WandbSink:
                 dir=str(directory),
                 config={**config, "run_dir": str(run_dir.resolve())},
                 settings=wandb.Settings(console="off"),  # console.log is grpolab's; no stdout wrapping
+                **({"id": resume_id, "resume": "allow"} if resume_id else {}),
             )
         except Exception as e:  # wandb's own errors (usage, auth, network) all end the start here
             raise RuntimeError(

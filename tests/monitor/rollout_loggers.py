@@ -48,3 +48,14 @@ def boom_at_2(rollout_id: int, args: Any, samples: list, extra: dict, rollout_ti
 def two_args(rollout_id: int, samples: list) -> bool:
     """The wrong shape: Miles calls a rollout logger with five positional arguments."""
     return False
+
+
+BOOM_AT_3 = {"armed": True}
+"""Whether `boom_at_3` raises (a test disarms it to continue the failed run with the same flags)."""
+
+
+def boom_at_3(rollout_id: int, args: Any, samples: list, extra: dict, rollout_time: float) -> bool:
+    """Raises at rollout 3 while armed (rollouts 0..2 reached every sink)."""
+    if rollout_id == 3 and BOOM_AT_3["armed"]:
+        raise KeyError(f"no statsd at rollout {rollout_id}")
+    return False
