@@ -8,7 +8,9 @@ Each commit git's bisection picks (`bisect_git.next_commit`) is checked out in a
 runs the pinned train-only replay (or `--cmd`) with its own code (`bisect_run`); its run is compared
 with the good commit's through `grpolab.diff.diff_runs`. A commit is bad when a metric (one of
 `--metric`, or any) differs beyond `--tol` at a common step; skipped when it crashes, does not import,
-times out or shares no step with the good run; good otherwise. Set-up differences alone (the commit
+times out, writes no readable run or shares no step with the good run; good otherwise. With
+`--crash-is-bad` (git bisect run's convention) a crash is bad: only a commit that does not import (its
+output ends in a SyntaxError/ImportError, or it exits 125), ran another grpolab, or timed out is skipped. Set-up differences alone (the commit
 hash is one) never make a commit bad. The good end is run first as the reference, the bad end second
 (it must differ, or there is nothing to bisect).
 
@@ -18,12 +20,15 @@ command says so (stderr and report.json's notes). Everything lands under `--outp
 `<UTC time>/report.json`, and `cache/` (results by `bisect_run.cache_key`).
 
 Exit codes: 0 the first bad commit was named; 1 it could not be (an end's run failed, the bad end does
-not differ, or only skipped commits are left); 2 bad input; 130 interrupted.
+not differ, or only skipped commits are left); 2 bad input (a --metric the good end's run did not log
+included); 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 129 hung up (SIGHUP): the run's process
+group is killed, the worktree removed and report.json written with the note "interrupted".
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -43,6 +48,7 @@ from grpolab.diff.bisect_git import (
     remove_worktree,
     resolve_commit,
 )
+from grpolab.diff.bisect_interrupt import exit_code, interrupt_on_signals, restore_signals, signals_held
 from grpolab.diff.bisect_run import (
     Outcome,
     ReplaySpec,
@@ -59,6 +65,13 @@ PRIMARY = "train/loss"
 """The metric a bad commit's one-line reason names when it differs at the first divergent step."""
 DEFAULT_TIMEOUT_S = 3600.0
 """Per-run limit of `--timeout` when not given: an hour, far above a replay's minutes."""
+OWN_FLAGS = ("--run-dir", "--num-rollout", "--load-debug-rollout-data", "--save-debug-rollout-data")
+"""Train flags bisect sets for every replay itself: given after `--` they are refused (exit 2)."""
+NO_IMPORT = re.compile(r"^(SyntaxError|IndentationError|TabError|ImportError|ModuleNotFoundError)\b", re.M)
+"""A crash's last output lines naming one of these: the commit's code does not import (skipped even
+with `--crash-is-bad`)."""
+SKIP_EXIT = 125
+"""`git bisect run`'s "cannot test this commit" exit code: always a skip."""
 
 
 def add_bisect_parser(sub: argparse._SubParsersAction) -> None:
@@ -78,6 +91,11 @@ def add_bisect_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tol", type=float, default=0.0, help="metric tolerance (default 0: bitwise)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S", help="seconds per run")
     p.add_argument("--cmd", metavar="TEMPLATE", help="shell command writing {run_dir} (a run dir or a log)")
+    p.add_argument(
+        "--crash-is-bad",
+        action="store_true",
+        help="a commit whose run crashes is bad, not skipped (skipped: does not import, exit 125, timeout)",
+    )
     p.add_argument(
         "--output-dir", default="bisect", metavar="DIR", help="where reports go (default ./bisect)"
     )
@@ -116,6 +134,7 @@ class Bisection:
     cache_dir: Path
     metrics: list[str]
     tol: float
+    crash_is_bad: bool = False
     notes: list[str] = field(default_factory=list)
     tested: list[Tested] = field(default_factory=list)
     reference: str = ""
@@ -136,8 +155,9 @@ class Bisection:
                 worktree = add_worktree(self.repo, commit, scratch / "worktree")
                 outcome = run_commit(commit, self.spec, worktree, scratch, run_dir)
             finally:
-                remove_worktree(self.repo, scratch / "worktree")
-                shutil.rmtree(scratch, ignore_errors=True)
+                with signals_held():
+                    remove_worktree(self.repo, scratch / "worktree")
+                    shutil.rmtree(scratch, ignore_errors=True)
             store_cached(self.cache_dir, key, outcome)
         tested = self._judge(summary, outcome, str(run_dir if run_dir.exists() else outcome.run_path))
         self.tested.append(tested)
@@ -152,13 +172,20 @@ class Bisection:
     def _judge(self, summary: dict[str, str], outcome: Outcome, run: str) -> Tested:
         """good / bad / skip of a finished run, against the reference (the good commit's run)."""
         if outcome.status != "ran":
-            why = {"timeout": "timed out", "crashed": f"exit {outcome.exit_code}"}.get(outcome.status)
-            return Tested(summary, outcome, "skip", run, why or "ran another grpolab than the worktree's")
-        if not self.reference:
-            return Tested(summary, outcome, "good", run, "reference")
+            return self._judge_failed(summary, outcome, run)
         from grpolab.diff import diff_runs
+        from grpolab.diff.sources import DiffInputError, read_source
 
-        d = diff_runs(self.reference, outcome.run_path, tol=self.tol)
+        if not self.reference:
+            try:
+                read_source(outcome.run_path)
+            except DiffInputError as e:
+                return Tested(summary, outcome, "skip", run, f"wrote no readable run: {e}")
+            return Tested(summary, outcome, "good", run, "reference")
+        try:
+            d = diff_runs(self.reference, outcome.run_path, tol=self.tol)
+        except DiffInputError as e:
+            return Tested(summary, outcome, "skip", run, f"wrote no readable run: {e}")
         divergent = [m for m in d.metrics if not self.metrics or m.key in self.metrics]
         if divergent:  # the first step's train/loss when it is among them (the headline), else the first
             first = next(
@@ -168,6 +195,19 @@ class Bisection:
         if d.common_steps == 0:
             return Tested(summary, outcome, "skip", run, "no step in common with the good run", d)
         return Tested(summary, outcome, "good", run, "", d)
+
+    def _judge_failed(self, summary: dict[str, str], outcome: Outcome, run: str) -> Tested:
+        """A run that did not exit 0: skipped, or bad under `--crash-is-bad` when it crashed after
+        importing (not exit 125, no SyntaxError/ImportError in its last output lines)."""
+        if outcome.status == "crashed":
+            why = f"exit {outcome.exit_code}"
+            if outcome.exit_code == SKIP_EXIT:
+                return Tested(summary, outcome, "skip", run, f"{why} (cannot be tested)")
+            if self.crash_is_bad and not NO_IMPORT.search(outcome.tail):
+                return Tested(summary, outcome, "bad", run, f"crashed ({why})")
+            return Tested(summary, outcome, "skip", run, why)
+        why = "timed out" if outcome.status == "timeout" else "ran another grpolab than the worktree's"
+        return Tested(summary, outcome, "skip", run, why)
 
 
 def _link(target: Path, link: Path) -> None:
@@ -197,6 +237,12 @@ def _spec(args: argparse.Namespace, repo: Path) -> ReplaySpec:
         files = recording_files(template, args.num_rollout)
         digest, num = digest_files(files), len(files)
     flags = [f for f in args.train_flags if f != "--"] if args.train_flags[:1] == ["--"] else args.train_flags
+    for flag in flags:
+        if flag.split("=", 1)[0] in OWN_FLAGS:
+            raise BisectInputError(
+                f"-- {flag.split('=', 1)[0]}: bisect sets it for every run itself "
+                f"({', '.join(OWN_FLAGS)} are not train flags of a bisection)"
+            )
     return ReplaySpec(template, digest, num, tuple(flags), args.cmd, args.timeout, is_grpolab_repo(repo))
 
 
@@ -225,17 +271,21 @@ def run_bisect_command(args: argparse.Namespace) -> int:
         print(f"grpolab bisect: error: {e}", file=sys.stderr)
         return 2
     out = Path(args.output_dir).expanduser().absolute()
-    b = Bisection(repo, spec, _bisect_dir(out), out / "cache", list(args.metric), args.tol)
+    b = Bisection(repo, spec, _bisect_dir(out), out / "cache", list(args.metric), args.tol, args.crash_is_bad)
     if is_dirty(repo):
         b.notes.append(
             f"{repo} has uncommitted changes: bisect runs committed code only (a worktree per commit)"
         )
         print(f"grpolab bisect: note: {b.notes[-1]}", file=sys.stderr)
+    previous = interrupt_on_signals()
     try:
         code = _bisect(b, good, bad)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         b.notes.append("interrupted")
-        code = 130
+        code = exit_code(e)
+        print(f"grpolab bisect: interrupted ({e or 'Ctrl-C'}); tested so far in the report", file=sys.stderr)
+    finally:
+        restore_signals(previous)
     _write_report(b, good, bad, args, code)
     return code
 
@@ -248,6 +298,11 @@ def _bisect(b: Bisection, good: str, bad: str) -> int:
             b, f"the --good commit {ref.summary['short']} did not run ({ref.reason}):\n{ref.outcome.tail}"
         )
     b.reference = ref.outcome.run_path
+    unlogged = _unlogged_metrics(b)
+    if unlogged:
+        b.notes.append(unlogged)
+        print(f"grpolab bisect: error: {unlogged}", file=sys.stderr)
+        return 2
     end = b.test(bad)
     if end.verdict != "bad":
         why = (
@@ -277,9 +332,26 @@ def _bisect(b: Bisection, good: str, bad: str) -> int:
     first = next(t for t in b.tested if t.summary["commit"] == bad_now)
     b.first_bad, s = first, first.summary
     print(f"{s['short']} is the first bad commit\n{s['show']}")
+    if first.diff is None:  # --crash-is-bad: its run crashed
+        print(f"its run {first.reason}:\n{first.outcome.tail}")
+        return 0
     print(f"first divergent step: {first.diff.first_step} ({first.reason})")
     print(first.diff.render())
     return 0
+
+
+def _unlogged_metrics(b: Bisection) -> str:
+    """A message naming the `--metric` keys the good end's run did not log ("" when all were)."""
+    if not b.metrics:
+        return ""
+    from grpolab.diff.frames import TIME_COLUMN
+    from grpolab.diff.sources import read_source
+
+    logged = {str(k) for k in read_source(b.reference).frame.columns if k != TIME_COLUMN}
+    missing = [m for m in b.metrics if m not in logged]
+    if not missing:
+        return ""
+    return f"--metric: no run logged {', '.join(missing)}; logged keys: {', '.join(sorted(logged))}"
 
 
 def _fail(b: Bisection, message: str) -> int:

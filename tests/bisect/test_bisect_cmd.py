@@ -4,6 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +119,92 @@ def test_only_skipped_commits_left_exit_1(tmp_path, capsys):
     assert "There are only 'skip'ped commits left to test." in stderr
     assert f"The first bad commit could be any of:\n{shorts[0]}\n{shorts[1]}" in stderr
     assert [t["verdict"] for t in report["tested"]] == ["good", "bad", "skip"]
+
+
+def make_crash_repo(repo: Path) -> list[str]:
+    """5 commits writing the log of CMD; from commit 3 on the command crashes (exit 3) before writing,
+    and commit 4's exits 125 (git bisect run's "cannot test")."""
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commits = []
+    for n in range(1, 6):
+        (repo / "loss.txt").write_text("0.5\n")
+        (repo / "n.txt").write_text(f"{n}\n")
+        (repo / "pre.sh").write_text("exit 125\n" if n == 4 else "exit 3\n" if n >= 3 else "true\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"commit {n}")
+        commits.append(git(repo, "rev-parse", "HEAD"))
+    return commits
+
+
+CRASH_CMD = "sh pre.sh && " + CMD.replace("test ! -e broken && ", "")
+
+
+def test_crash_is_bad_names_the_commit_that_makes_the_run_crash(tmp_path, capsys):
+    commits = make_crash_repo(tmp_path / "repo")
+    argv = ["bisect", "--good", commits[0], "--bad", commits[-1], "--repo", str(tmp_path / "repo")]
+    argv += ["--cmd", CRASH_CMD, "--output-dir", str(tmp_path / "out")]
+    assert main(argv) == 1  # default: a crash is a skip, so the bad end cannot be compared
+    assert "could not be compared (exit 3)" in capsys.readouterr().err
+    assert main([*argv, "--crash-is-bad"]) == 0
+    stdout = capsys.readouterr().out
+    short3 = git(tmp_path / "repo", "rev-parse", "--short", commits[2])
+    assert f"{short3} is the first bad commit" in stdout and "its run crashed (exit 3)" in stdout
+    report = json.loads(max((tmp_path / "out").glob("*/report.json")).read_text())
+    verdicts = {t["commit"]: (t["verdict"], t["reason"]) for t in report["tested"]}
+    assert verdicts[commits[-1]] == ("bad", "crashed (exit 3)")
+    assert verdicts.get(commits[3], ("skip", "exit 125"))[0] == "skip"  # exit 125 stays a skip
+
+
+def test_cmd_that_writes_nothing_is_not_a_reference(log_repo, tmp_path, capsys):
+    repo, commits = log_repo
+    argv = ["bisect", "--good", commits[0], "--bad", commits[-1], "--repo", str(repo)]
+    code = main([*argv, "--cmd", "true {run_dir}", "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "did not run (wrote no readable run:" in err
+    report = json.loads(next((tmp_path / "out").glob("*/report.json")).read_text())
+    assert report["exit_code"] == 1 and report["tested"][0]["verdict"] == "skip"
+
+
+def test_mistyped_metric_exit_2_naming_the_logged_keys(log_repo, tmp_path, capsys):
+    repo, commits = log_repo
+    code, _, stderr, report = bisect(capsys, repo, commits, tmp_path / "out", "--metric", "train/losss")
+    assert code == 2 and report["exit_code"] == 2
+    assert "no run logged train/losss; logged keys: train/grad_norm, train/loss" in stderr
+    assert len(report["tested"]) == 1  # the bad end was not run
+
+
+@pytest.mark.parametrize("flag", ["--run-dir", "--num-rollout=3", "--save-debug-rollout-data"])
+def test_train_flags_bisect_sets_are_refused(flag, log_repo, tmp_path, capsys):
+    repo, commits = log_repo
+    argv = ["bisect", "--good", commits[0], "--bad", commits[-1], "--repo", str(repo), "--cmd", CMD]
+    assert main([*argv, "--output-dir", str(tmp_path / "out"), "--", flag, "x"]) == 2
+    assert f"-- {flag.split('=')[0]}: bisect sets it for every run itself" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_sigterm_kills_the_run_removes_the_worktree_and_writes_the_report(signum, code, log_repo, tmp_path):
+    repo, commits = log_repo
+    pid_file = tmp_path / "child.pid"
+    cmd = f"echo $$ > {pid_file}; sleep 60; echo {{run_dir}}"
+    argv = ["bisect", "--good", commits[0], "--bad", commits[-1], "--repo", str(repo), "--cmd", cmd]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpolab", *argv, "--output-dir", str(tmp_path / "out")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert len(git(repo, "worktree", "list").splitlines()) == 2  # the commit's worktree is there
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == code and "grpolab bisect: interrupted" in stderr
+    assert len(git(repo, "worktree", "list").splitlines()) == 1  # removed again
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the command's shell (own session) was killed with bisect
+    report = json.loads(next((tmp_path / "out").glob("*/report.json")).read_text())
+    assert report["exit_code"] == code and report["notes"] == ["interrupted"]
