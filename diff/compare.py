@@ -2,7 +2,8 @@
 
 Layers: 1. set-up (resolved flags, environment fingerprint, data identity; reported, they do not
 decide the verdict: two runs may differ in --run-dir and still train identically); 2. per metric,
-the first step where the values differ beyond the tolerance, or where run B leaves the band of the
+the first step where the values differ beyond the tolerance (a number against NaN differs, NaN equals
+NaN; a step where a run did not log the key at all is not compared), or where run B leaves the band of the
 `--baseline` runs (min–max of run A and the baselines at that step, widened by the tolerance);
 3. the first differing sample/token of the rollouts both recorded (diff/samples.py); 4. the first
 parameter whose per-step hash differs (diff/layers.py).
@@ -28,8 +29,8 @@ from grpolab.diff.frames import TIME_COLUMN
 from grpolab.diff.layers import layer_divergence
 from grpolab.diff.report import MetricDivergence, RunDiff, SetupDifference
 from grpolab.diff.samples import compare_recordings
-from grpolab.diff.series import flatten, metric_series, seed_band, values_equal
-from grpolab.diff.sources import RunSource, read_source, scalars_frame
+from grpolab.diff.series import flatten, seed_band, values_equal
+from grpolab.diff.sources import RunSource, read_source
 
 TIMING_KEY = re.compile(r"^perf/|_time$|per_sec|tflops|throughput")
 """Keys that measure wall time or speed: never equal between two runs, so never compared."""
@@ -102,10 +103,21 @@ def setup_differences(a: RunSource, b: RunSource) -> list[SetupDifference]:
 
 
 # ------------------------------------------------------------------------------- layer 2
-def compared_keys(frame: pd.DataFrame) -> set[str]:
-    """The metric keys of a run's frame that hold a value and are not timings (`TIMING_KEY`)."""
-    cols = frame.columns[frame.notna().any(axis=0).to_numpy()]
+def compared_keys(src: RunSource) -> set[str]:
+    """The metric keys a run logged (a NaN counts) that are not timings (`TIMING_KEY`)."""
+    cols = src.logged.columns[src.logged.any(axis=0).to_numpy()]
     return {str(k) for k in cols if k != TIME_COLUMN and not TIMING_KEY.search(str(k))}
+
+
+def key_series(src: RunSource, key: str) -> pd.Series:
+    """step → value of `key` at the steps the run logged it (a logged NaN kept), float64, sorted.
+    A step logged under two kinds keeps the later kind's value (the frame's (kind, step) order)."""
+    if key not in src.frame.columns or key not in src.logged.columns:
+        return pd.Series([], dtype="float64")
+    values = src.frame[key][src.logged[key].to_numpy()]
+    steps = values.index.get_level_values("step").astype(int)
+    out = pd.Series(values.to_numpy(float), index=steps)
+    return out[~out.index.duplicated(keep="last")].sort_index()
 
 
 def _span(steps: Sequence[int]) -> str:
@@ -114,7 +126,7 @@ def _span(steps: Sequence[int]) -> str:
 
 def metric_divergences(out: RunDiff, a: RunSource, b: RunSource, base: list[RunSource]) -> None:
     """Fill `out.metrics`, `first_step`, `common_steps` and the notes of layer 2."""
-    keys_a, keys_b = compared_keys(a.frame), compared_keys(b.frame)
+    keys_a, keys_b = compared_keys(a), compared_keys(b)
     for side, keys in ((A, keys_a), (B, keys_b)):
         if not keys:
             out.notes.append(f"run {side} logged no metrics: nothing to compare")
@@ -124,15 +136,15 @@ def metric_divergences(out: RunDiff, a: RunSource, b: RunSource, base: list[RunS
         if only:
             out.notes.append(f"metrics only run {side} logged (not compared): {', '.join(sorted(only))}")
     names = [f"baseline{i}" for i in range(len(base))]
-    scalars = scalars_frame({A: a, B: b, **dict(zip(names, base))})
     common: set[int] = set()
     logged: dict[str, set[int]] = {A: set(), B: set()}  # steps with any compared key
     for key in sorted(keys_a & keys_b):
-        series = metric_series(scalars, key)
-        has_a, has_b = series[A].notna(), series[B].notna()
-        steps = series.index[(has_a & has_b).to_numpy()]
-        logged[A].update(int(s) for s in series.index[has_a.to_numpy()])
-        logged[B].update(int(s) for s in series.index[has_b.to_numpy()])
+        sides = {A: key_series(a, key), B: key_series(b, key)}
+        series = pd.concat({**sides, **{n: key_series(s, key) for n, s in zip(names, base)}}, axis=1)
+        has_a, has_b = series.index.isin(sides[A].index), series.index.isin(sides[B].index)
+        steps = series.index[has_a & has_b]
+        logged[A].update(int(s) for s in series.index[has_a])
+        logged[B].update(int(s) for s in series.index[has_b])
         common.update(int(s) for s in steps)
         found = _first_divergence(key, series.loc[steps], names, out.tol)
         if found is not None:

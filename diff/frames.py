@@ -26,14 +26,8 @@ def _row_index(rec: MetricRecord) -> tuple[str, int] | None:
     return None if idx is None else (rec.kind, idx)
 
 
-def records_to_frame(records: Iterable[MetricRecord]) -> pd.DataFrame:
-    """Metric records → a wide frame indexed by (kind, step), one column per key.
-
-    Records with the same (kind, step) merge key by key, later values winning (Miles' two
-    `perf N:` lines become one perf row; a resumed run's re-logged rollout keeps its last value).
-    The `time` column holds the latest record time of the row (unix seconds, NaN when unknown).
-    Records without an index (a step line without step) are left out; every column is float64.
-    """
+def _merge(records: Iterable[MetricRecord]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Records merged by (kind, step), key by key, later values winning; `time` the latest record time."""
     merged: dict[tuple[str, int], dict[str, Any]] = {}
     for rec in records:
         key = _row_index(rec)
@@ -47,6 +41,30 @@ def records_to_frame(records: Iterable[MetricRecord]) -> pd.DataFrame:
         row[TIME_COLUMN] = last_time
         if rec.time is not None and (last_time is None or rec.time > last_time):
             row[TIME_COLUMN] = rec.time
+    return merged
+
+
+def records_to_frame(records: Iterable[MetricRecord]) -> pd.DataFrame:
+    """Metric records → a wide frame indexed by (kind, step), one column per key.
+
+    Records with the same (kind, step) merge key by key, later values winning (Miles' two
+    `perf N:` lines become one perf row; a resumed run's re-logged rollout keeps its last value).
+    The `time` column holds the latest record time of the row (unix seconds, NaN when unknown).
+    Records without an index (a step line without step) are left out; every column is float64.
+    A logged NaN and a key not logged both read NaN here: `logged_frame` tells them apart.
+    """
+    return _frame(_merge(records), logged=False)
+
+
+def logged_frame(records: Iterable[MetricRecord]) -> pd.DataFrame:
+    """Which cells of `records_to_frame(records)` a record set (a logged NaN included): a bool frame
+    with the same (kind, step) index and metric columns (no `time` column)."""
+    frame = _frame(_merge(records), logged=True)
+    return frame.drop(columns=[TIME_COLUMN]).astype(bool)
+
+
+def _frame(merged: dict[tuple[str, int], dict[str, Any]], *, logged: bool) -> pd.DataFrame:
+    """Merged rows → the wide frame of their values (or, `logged`, 1.0 where a key was set, else 0.0)."""
     if not merged:
         return empty_frame()
     n = len(merged)
@@ -55,9 +73,9 @@ def records_to_frame(records: Iterable[MetricRecord]) -> pd.DataFrame:
         for k, v in row.items():
             col = columns.get(k)
             if col is None:
-                col = columns[k] = np.full(n, np.nan)
+                col = columns[k] = np.zeros(n) if logged else np.full(n, np.nan)
             if v is not None:
-                col[i] = v
+                col[i] = 1.0 if logged else v
     index = pd.MultiIndex.from_tuples(list(merged), names=INDEX_NAMES)
     time_col = columns.pop(TIME_COLUMN)
     frame = pd.DataFrame(columns, index=index)

@@ -1,7 +1,7 @@
 """Pure comparison math over metric frames, shared by `grpolab diff` and the UI's Compare page.
 
 Inputs are frames indexed by (run, kind, step) with one float column per metric key (plus `time`),
-the shape `ui.runstore.RunStore.read_scalars` returns and `diff.sources.scalars_frame` builds. The
+the shape `ui.runstore.RunStore.read_scalars` returns. The
 x axis of a key is its `step` level: the train step for `train/*` keys and the rollout id for every
 other kind (the same numbers when a rollout makes one optimizer step). A NaN cell counts as "not
 logged". No I/O here.

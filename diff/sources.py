@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from grpolab.checkers.step_hash import step_hash_files
-from grpolab.diff.frames import INDEX_NAMES, records_to_frame
+from grpolab.diff.frames import logged_frame, records_to_frame
 from grpolab.rundir import reader, recordings
 from grpolab.rundir.foreign_logs import parse_file
 
@@ -32,6 +32,7 @@ class RunSource:
     Attributes:
         path: the run directory or log file; kind: "grpolab" or "log".
         frame: metrics as a (kind, step) frame, one float64 column per key plus `time`.
+        logged: which cells of `frame` the run logged (bool, same index; a logged NaN is True).
         config: the resolved config (run.json "config" with "seed"), or a log's launch flags {name: value}.
         environment: run.json's environment fingerprint ({} for a log).
         data: run.json's data identity ({} when not recorded: a log, or a run older than it).
@@ -43,6 +44,7 @@ class RunSource:
     path: Path
     kind: str
     frame: pd.DataFrame
+    logged: pd.DataFrame
     config: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
@@ -72,7 +74,8 @@ def read_source(path: str | Path) -> RunSource:
         raise DiffInputError(f"{p}: unreadable ({e.strerror or e})") from None
     if not parsed.records:
         raise DiffInputError(f"{p}: not a run directory, and no metric line of a Miles/slime log in it")
-    return RunSource(path=p, kind="log", frame=records_to_frame(parsed.records), config=dict(parsed.flags))
+    records = parsed.records
+    return RunSource(p, "log", records_to_frame(records), logged_frame(records), config=dict(parsed.flags))
 
 
 def _read_run_dir(path: Path) -> RunSource:
@@ -94,6 +97,7 @@ def _read_run_dir(path: Path) -> RunSource:
         path=path,
         kind="grpolab",
         frame=records_to_frame(records),
+        logged=logged_frame(records),
         config=config,
         environment=meta.environment,
         data=data if isinstance(data, dict) else {},
@@ -103,9 +107,3 @@ def _read_run_dir(path: Path) -> RunSource:
         step_hashes=step_hash_files(path),
         tokenizer_dir=model if model is not None and model.is_dir() else None,
     )
-
-
-def scalars_frame(sources: dict[str, RunSource]) -> pd.DataFrame:
-    """The runs' frames stacked as `RunStore.read_scalars` does: index (run, kind, step)."""
-    names = list(sources)
-    return pd.concat([sources[n].frame for n in names], keys=names, names=["run", *INDEX_NAMES], sort=False)

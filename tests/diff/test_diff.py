@@ -181,3 +181,32 @@ def test_miles_logs_with_baseline_band(capsys: pytest.CaptureFixture[str]) -> No
     )
     code, out, _ = _cli(capsys, LOGS / "gate_seed1.log", LOGS / "gate_seed1.log")
     assert code == 0 and "verdict: identical" in out
+
+
+def _with_nan(src: Path, dst: Path, key: str, step: int) -> Path:
+    """A copy of a run whose metrics.jsonl logs `key` as NaN at train step `step`."""
+    shutil.copytree(src, dst)
+    rows = [json.loads(line) for line in (dst / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        if row["kind"] == "step" and row["step"] == step:
+            row["metrics"][key] = float("nan")
+    (dst / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return dst
+
+
+def test_a_number_against_nan_differs_and_nan_equals_nan(runs: dict[str, Path], tmp_path: Path) -> None:
+    nan1 = _with_nan(runs["replay1"], tmp_path / "nan1", "train/grad_norm", 1)
+    nan2 = _with_nan(runs["replay2"], tmp_path / "nan2", "train/grad_norm", 1)
+    report = diff_runs(runs["replay1"], nan1)
+    assert report.verdict == "differs" and report.first_step == 1
+    assert [m.key for m in report.metrics] == ["train/grad_norm"] and report.metrics[0].b != report.metrics[
+        0
+    ].b
+    assert diff_runs(nan1, nan2).verdict == "identical"
+
+
+def test_miles_log_with_nan_grad_norm_differs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, LOGS / "grpolab_console.log", LOGS / "grpolab_grad_nan.log")
+    assert code == 1 and "step 1 train/grad_norm: 0.507 -> nan" in out
+    code, out, _ = _cli(capsys, LOGS / "grpolab_grad_nan.log", LOGS / "grpolab_grad_nan.log")
+    assert code == 0 and "verdict: identical" in out
