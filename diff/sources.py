@@ -39,6 +39,7 @@ class RunSource:
         recordings: rollout id → .grz file of the rollouts the run recorded ({} for a log).
         step_hashes: step → checks/model_hash_step_<N>.json ({} for a log or without the flag).
         tokenizer_dir: the run's --hf-checkpoint when it is a local folder (for decoding), else None.
+        notes: what could not be used (a recording of another run), for the report's notes.
     """
 
     path: Path
@@ -51,6 +52,7 @@ class RunSource:
     recordings: dict[int, Path] = field(default_factory=dict)
     step_hashes: dict[int, Path] = field(default_factory=dict)
     tokenizer_dir: Path | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def read_source(path: str | Path) -> RunSource:
@@ -92,7 +94,11 @@ def _read_run_dir(path: Path) -> RunSource:
     debug = config.get("debug")
     template = debug.get("save_debug_rollout_data") if isinstance(debug, dict) else None
     data = meta.raw.get("data_identity")
-    model = recordings.locate(path, meta.model) if meta.model else None
+    model = recordings.locate(path, meta.model, run_dir_first=True) if meta.model else None
+    found = recordings.recorded_rollouts(
+        path, events, template if isinstance(template, str) else None, run_dir_first=True
+    )
+    own, notes = _own_recordings(found, str(meta.raw.get("run_id") or ""))
     return RunSource(
         path=path,
         kind="grpolab",
@@ -101,9 +107,27 @@ def _read_run_dir(path: Path) -> RunSource:
         config=config,
         environment=meta.environment,
         data=data if isinstance(data, dict) else {},
-        recordings=recordings.recorded_rollouts(
-            path, events, template if isinstance(template, str) else None
-        ),
+        recordings=own,
         step_hashes=step_hash_files(path),
         tokenizer_dir=model if model is not None and model.is_dir() else None,
+        notes=notes,
     )
+
+
+def _own_recordings(found: dict[int, Path], run_id: str) -> tuple[dict[int, Path], list[str]]:
+    """The recordings whose .grz header names this run (run.json's run_id), and a note per one that
+    names another run (left out: comparing it would judge another run's rollouts). A header without
+    a run_id (older recordings), a run without one, or an unreadable header keeps the file."""
+    from grpolab.replay.format import RecordingError, read_header
+
+    own, notes = {}, []
+    for rid, file in found.items():
+        try:
+            theirs = str(read_header(file).get("run_id") or "")
+        except (RecordingError, OSError):
+            theirs = ""
+        if run_id and theirs and theirs != run_id:
+            notes.append(f"recording {file} is of run {theirs}, not this run ({run_id}): not compared")
+        else:
+            own[rid] = file
+    return own, notes

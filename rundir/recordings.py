@@ -20,24 +20,34 @@ FIELD = "{rollout_id}"
 """The one field of a `--save-debug-rollout-data` template (`replay.recording.format_path`)."""
 
 
-def _roots(run_dir: Path) -> list[Path]:
+def _roots(run_dir: Path, run_dir_first: bool = False) -> list[Path]:
     """Where a relative path the trainer wrote may be: the current directory, the run directory and
-    each of its parents, in that order."""
+    each of its parents, in that order (`run_dir_first`: the current directory last)."""
+    if run_dir_first:
+        return [run_dir, *run_dir.parents, Path.cwd()]
     return [Path.cwd(), run_dir, *run_dir.parents]
 
 
-def locate(run_dir: str | Path, recorded: str) -> Path | None:
+def locate(run_dir: str | Path, recorded: str, *, run_dir_first: bool = False) -> Path | None:
     """An existing path for `recorded` as the trainer wrote it, or None.
 
     Tried in order: as given when absolute; else under the current directory, the run directory
     and each of its parents; last `RUN_DIR/rollouts/<file name>` and `RUN_DIR/<file name>` (a
-    recording moved or copied with its run).
+    recording moved or copied with its run). With `run_dir_first` (`grpolab diff`: the same answer
+    from any directory, a copied run reads its own copies) a relative path is tried under the run
+    directory, then `RUN_DIR/rollouts/<file name>` and `RUN_DIR/<file name>`, then the run
+    directory's parents, the current directory last.
     """
     if not recorded:
         return None
     run_dir, p = Path(run_dir), Path(recorded)
-    candidates = [p] if p.is_absolute() else [root / p for root in _roots(run_dir)]
-    candidates += [run_dir / RECORDINGS_DIR / p.name, run_dir / p.name]
+    moved = [run_dir / RECORDINGS_DIR / p.name, run_dir / p.name]
+    if p.is_absolute():
+        candidates = [p, *moved]
+    elif run_dir_first:
+        candidates = [run_dir / p, *moved, *(root / p for root in _roots(run_dir, True)[1:])]
+    else:
+        candidates = [*(root / p for root in _roots(run_dir)), *moved]
     return next((c for c in candidates if c.exists()), None)
 
 
@@ -83,14 +93,18 @@ def _regex(parts: list[str | None]) -> str:
     return "".join(r"(\d+)" if p is None else re.escape(p) for p in parts)
 
 
-def _template_files(run_dir: Path, template: str) -> dict[int, Path]:
+def _template_files(run_dir: Path, template: str, run_dir_first: bool = False) -> dict[int, Path]:
     """Files matching the template exactly, `{rollout_id}` an integer: as given when absolute, else
     under each of `_roots` (the first root holding an id wins, as in `locate`)."""
     parts = _template_parts(template)
     if parts is None:
         return {}
     pattern = "".join("*" if p is None else glob.escape(p) for p in parts)
-    roots = [""] if Path(template).is_absolute() else [str(r).rstrip("/") + "/" for r in _roots(run_dir)]
+    roots = (
+        [""]
+        if Path(template).is_absolute()
+        else [str(r).rstrip("/") + "/" for r in _roots(run_dir, run_dir_first)]
+    )
     out: dict[int, Path] = {}
     for root in roots:
         for hit in sorted(glob.glob(glob.escape(root) + pattern)):
@@ -111,7 +125,11 @@ def _folder_files(folder: Path, template: str | None) -> list[tuple[int, Path]]:
 
 
 def recorded_rollouts(
-    run_dir: str | Path, events: list[dict[str, Any]], template: str | None = None
+    run_dir: str | Path,
+    events: list[dict[str, Any]],
+    template: str | None = None,
+    *,
+    run_dir_first: bool = False,
 ) -> dict[int, Path]:
     """Recordings of a run on this machine: rollout id → .grz file, in rollout order.
 
@@ -124,17 +142,24 @@ def recorded_rollouts(
         run_dir: the run directory.
         events: its events.jsonl objects (`rundir.reader.read_events`).
         template: the run's `--save-debug-rollout-data` (run.json's config `debug` section), or None.
+        run_dir_first: relative paths under the run directory before the current directory, and the
+            run directory's own .grz files before the template's (see `locate`; `grpolab diff`).
     """
     run_dir = Path(run_dir)
     out: dict[int, Path] = {}
     for ev in events:  # a rollout recorded again (after a resume): the last recording
         if ev.get("event") == "rollout_recorded" and isinstance(ev.get("rollout_id"), int):
-            found = locate(run_dir, str(ev.get("path") or ""))
+            found = locate(run_dir, str(ev.get("path") or ""), run_dir_first=run_dir_first)
             if found is not None and found.is_file():
                 out[ev["rollout_id"]] = found
-    for rid, found in (_template_files(run_dir, template) if template else {}).items():
-        out.setdefault(rid, found)
-    for folder in (run_dir / RECORDINGS_DIR, run_dir):
-        for rid, found in _folder_files(folder, template):
+    by_template = _template_files(run_dir, template, run_dir_first) if template else {}
+    by_folder = [
+        (rid, f)
+        for folder in (run_dir / RECORDINGS_DIR, run_dir)
+        for rid, f in _folder_files(folder, template)
+    ]
+    found_in = [by_folder, by_template.items()] if run_dir_first else [by_template.items(), by_folder]
+    for pairs in found_in:
+        for rid, found in pairs:
             out.setdefault(rid, found)
     return dict(sorted(out.items()))

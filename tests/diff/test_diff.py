@@ -210,3 +210,30 @@ def test_miles_log_with_nan_grad_norm_differs(capsys: pytest.CaptureFixture[str]
     assert code == 1 and "step 1 train/grad_norm: 0.507 -> nan" in out
     code, out, _ = _cli(capsys, LOGS / "grpolab_grad_nan.log", LOGS / "grpolab_grad_nan.log")
     assert code == 0 and "verdict: identical" in out
+
+
+def test_recordings_are_found_from_the_run_dir_not_the_cwd(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run recorded with relative paths (runs/rec/rollouts/N.grz) and a copy whose recordings are
+    another run's: the same verdict from the launch directory and from elsewhere, the foreign
+    recordings named in the notes, never compared as the copy's own."""
+    root = tmp_path / "launch"
+    rec = shutil.copytree(runs["rec7"], root / "runs" / "rec")
+    events = [json.loads(line) for line in (rec / "events.jsonl").read_text().splitlines()]
+    for e in events:
+        if e["event"] == "rollout_recorded":
+            e["path"] = f"runs/rec/rollouts/{Path(e['path']).name}"
+    (rec / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    copy = shutil.copytree(rec, tmp_path / "copy")
+    for f in (copy / "rollouts").iterdir():
+        shutil.copyfile(runs["rec8"] / "rollouts" / f.name, f)
+    verdicts = []
+    for cwd in (root, tmp_path):
+        monkeypatch.chdir(cwd)
+        report = diff_runs(rec, copy)
+        verdicts.append((report.verdict, report.sample))
+        assert any(
+            n.startswith(f"run B: recording {copy / 'rollouts'}/0.grz is of run ") for n in report.notes
+        )
+    assert verdicts[0] == verdicts[1] and verdicts[0][0] == "cannot_judge"
