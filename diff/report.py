@@ -26,12 +26,15 @@ class SetupDifference:
         section: "flags" (resolved config), "env" (environment fingerprint) or "data" (data identity).
         key: the dotted key inside the section, e.g. "rollout.seed" or "torch".
         a / b: the value in run A / run B; None when that run does not record it.
+        only: "A" or "B" when only that run records the key (a run directory against a Miles log
+            shares few flags: the text report counts these instead of listing them); "" otherwise.
     """
 
     section: str
     key: str
     a: object
     b: object
+    only: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,8 @@ class RunDiff:
         sample: the first differing sample/token of the first rollout both runs recorded that differs.
         layer: the first parameter whose hash differs after the first divergent step.
         notes: what could not be judged and why, in plain words.
+        runs: how a run that did not finish ended ("run B failed: RuntimeError: boom"; from
+            `rundir.reader.run_status`): said, but not part of the verdict.
     """
 
     run_a: str
@@ -128,6 +133,7 @@ class RunDiff:
     sample: SampleDivergence | None = None
     layer: LayerDivergence | None = None
     notes: list[str] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -143,10 +149,12 @@ class RunDiff:
     def render(self) -> str:
         """The CLI's text report, top to bottom: verdict, set-up, metrics, sample/token, layer, notes."""
         lines = [f"grpolab diff: {self.run_a}  vs  {self.run_b}"]
-        tol = "bitwise" if self.tol == 0 else f"tolerance {self.tol:g}"
-        lines.append(f"verdict: {self.verdict.replace('_', ' ')} ({tol}; {self.common_steps} common steps)")
+        tol = "bitwise" if self.tol == 0 else f"tolerance {self.tol:g}; hashes compare exactly"
+        steps = f"{self.common_steps} common step{'' if self.common_steps == 1 else 's'}"
+        lines.append(f"verdict: {self.verdict.replace('_', ' ')} ({tol}; {steps})")
+        lines += [f"status: {r}" for r in self.runs]
         lines += _render_setup(self.setup)
-        lines += _render_metrics(self.metrics, self.first_step)
+        lines += _render_metrics(self.metrics, self.first_step, self.common_steps)
         if self.sample is not None:
             lines += _render_sample(self.sample)
         if self.layer is not None:
@@ -161,18 +169,29 @@ class RunDiff:
 
 def _render_setup(setup: list[SetupDifference]) -> list[str]:
     """The set-up section's lines."""
-    if not setup:
+    both = [d for d in setup if not d.only]
+    one_sided = {side: sum(1 for d in setup if d.only == side) for side in ("A", "B")}
+    alone = ", ".join(f"{n} key{'' if n == 1 else 's'} only in run {x}" for x, n in one_sided.items() if n)
+    if not both:
+        if alone:
+            return [f"setup: the keys both runs record agree ({alone}: not listed, see --json)"]
         return ["setup: same flags, environment and data"]
     lines = ["setup:"]
-    for d in setup:
+    for d in both:
         lines.append(f"  {d.section}.{d.key}: {_show(d.a)}  ->  {_show(d.b)}")
+    if alone:
+        lines.append(f"  ({alone}: not listed, see --json)")
     return lines
 
 
-def _render_metrics(metrics: list[MetricDivergence], first_step: int | None) -> list[str]:
+def _render_metrics(metrics: list[MetricDivergence], first_step: int | None, common: int) -> list[str]:
     """The metrics section's lines."""
     if not metrics:
-        return ["metrics: no metric differs on the common steps"]
+        return [
+            "metrics: no metric differs on the common steps"
+            if common
+            else "metrics: no common step to compare"
+        ]
     lines = [f"metrics: first divergent step {first_step}"]
     for m in metrics:
         band = "" if m.band is None else f"  (baseline band [{m.band[0]:.6g}, {m.band[1]:.6g}])"

@@ -40,6 +40,8 @@ class RunSource:
         step_hashes: step → checks/model_hash_step_<N>.json ({} for a log or without the flag).
         tokenizer_dir: the run's --hf-checkpoint when it is a local folder (for decoding), else None.
         notes: what could not be used (a recording of another run), for the report's notes.
+        status: how the run ended when not "finished" ("failed: RuntimeError: boom", "interrupted",
+            "running", "crashed"; `reader.run_status`); "" for a finished run or a log.
     """
 
     path: Path
@@ -53,6 +55,7 @@ class RunSource:
     step_hashes: dict[int, Path] = field(default_factory=dict)
     tokenizer_dir: Path | None = None
     notes: list[str] = field(default_factory=list)
+    status: str = ""
 
 
 def read_source(path: str | Path) -> RunSource:
@@ -74,7 +77,7 @@ def read_source(path: str | Path) -> RunSource:
         parsed = parse_file(p)
     except OSError as e:
         raise DiffInputError(f"{p}: unreadable ({e.strerror or e})") from None
-    if not parsed.records:
+    if not any(r.metrics for r in parsed.records):  # a progress line alone (README's example) is none
         raise DiffInputError(f"{p}: not a run directory, and no metric line of a Miles/slime log in it")
     records = parsed.records
     return RunSource(p, "log", records_to_frame(records), logged_frame(records), config=dict(parsed.flags))
@@ -111,7 +114,17 @@ def _read_run_dir(path: Path) -> RunSource:
         step_hashes=step_hash_files(path),
         tokenizer_dir=model if model is not None and model.is_dir() else None,
         notes=notes,
+        status=_status(path),
     )
+
+
+def _status(path: Path) -> str:
+    """A run directory's end when it did not finish, with a failed run's error ("" when finished)."""
+    status = reader.run_status(path)
+    if status == "finished":
+        return ""
+    error = (reader.final_status_event(path) or {}).get("error") if status == "failed" else None
+    return f"{status}: {error}" if error else status
 
 
 def _own_recordings(found: dict[int, Path], run_id: str) -> tuple[dict[int, Path], list[str]]:

@@ -148,6 +148,7 @@ def test_no_common_steps_cannot_judge(
     code, out, _ = _cli(capsys, runs["replay1"], shifted)
     assert code == 2
     assert "no common steps: run A logged steps 0..1, run B 10..11" in out
+    assert "metrics: no common step to compare" in out and "(bitwise; 0 common steps)" in out
 
 
 def test_bad_input_exits_2_naming_it(
@@ -161,6 +162,9 @@ def test_bad_input_exits_2_naming_it(
     text.write_text("hello\n")
     code, _, err = _cli(capsys, text, runs["replay1"])
     assert code == 2 and f"{text}: not a run directory, and no metric line" in err
+    readme = Path(__file__).resolve().parents[2] / "README.md"  # a progress-line example, no metric line
+    code, _, err = _cli(capsys, readme, runs["replay1"])
+    assert code == 2 and f"{readme}: not a run directory, and no metric line" in err
     code, _, err = _cli(capsys, runs["replay1"], tmp_path / "missing")
     assert code == 2 and "missing: no such file or directory" in err
     code, _, err = _cli(capsys, runs["replay1"], runs["replay2"], "--tol", "-1")
@@ -237,3 +241,36 @@ def test_recordings_are_found_from_the_run_dir_not_the_cwd(
             n.startswith(f"run B: recording {copy / 'rollouts'}/0.grz is of run ") for n in report.notes
         )
     assert verdicts[0] == verdicts[1] and verdicts[0][0] == "cannot_judge"
+
+
+def test_run_status_is_said_but_does_not_decide(runs: dict[str, Path], tmp_path: Path) -> None:
+    failed = shutil.copytree(runs["replay1"], tmp_path / "failed")
+    lines = (failed / "events.jsonl").read_text().splitlines()
+    end = {"event": "status", "time": 1.0, "rank": 0, "status": "failed", "error": "RuntimeError: boom"}
+    (failed / "events.jsonl").write_text("\n".join([*lines[:-1], json.dumps(end)]) + "\n")
+    report = diff_runs(runs["replay1"], failed)
+    assert report.verdict == "identical" and report.runs == ["run B failed: RuntimeError: boom"]
+    assert "status: run B failed: RuntimeError: boom" in report.render()
+    assert diff_runs(failed, failed).runs == [
+        "run A failed: RuntimeError: boom",
+        "run B failed: RuntimeError: boom",
+    ]
+    assert diff_runs(runs["replay1"], runs["replay2"]).runs == []
+
+
+def test_run_dir_against_a_log_lists_only_shared_setup_keys(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _cli(capsys, runs["replay1"], LOGS / "grpolab_console.log", "--tol", "0.5")
+    assert code == 1 and "(absent)" not in out
+    assert "(tolerance 0.5; hashes compare exactly; 2 common steps)" in out
+    one_sided = sum(
+        1 for d in diff_runs(runs["replay1"], LOGS / "grpolab_console.log").setup if d.only == "A"
+    )
+    assert one_sided > 50 and f"{one_sided} keys only in run A: not listed, see --json" in out
+
+
+def test_one_common_step_is_singular() -> None:
+    from grpolab.diff import RunDiff
+
+    assert "(bitwise; 1 common step)" in RunDiff("a", "b", "identical", common_steps=1).render()
