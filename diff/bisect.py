@@ -70,6 +70,8 @@ OWN_FLAGS = ("--run-dir", "--num-rollout", "--load-debug-rollout-data", "--save-
 NO_IMPORT = re.compile(r"^(SyntaxError|IndentationError|TabError|ImportError|ModuleNotFoundError)\b", re.M)
 """A crash's last output lines naming one of these: the commit's code does not import (skipped even
 with `--crash-is-bad`)."""
+WORKTREE_PATH = re.compile(r"\S*/grpolab-bisect-[^/\s]+/worktree(?=/|$|\s)")
+"""A tested commit's temporary worktree in a path (`tempfile.mkdtemp(prefix="grpolab-bisect-")`)."""
 SKIP_EXIT = 125
 """`git bisect run`'s "cannot test this commit" exit code: always a skip."""
 
@@ -186,6 +188,7 @@ class Bisection:
             d = diff_runs(self.reference, outcome.run_path, tol=self.tol)
         except DiffInputError as e:
             return Tested(summary, outcome, "skip", run, f"wrote no readable run: {e}")
+        d.setup = [x for x in d.setup if _unworktree(x.a) != _unworktree(x.b)]
         divergent = [m for m in d.metrics if not self.metrics or m.key in self.metrics]
         if divergent:  # the first step's train/loss when it is among them (the headline), else the first
             first = next(
@@ -208,6 +211,12 @@ class Bisection:
             return Tested(summary, outcome, "skip", run, why)
         why = "timed out" if outcome.status == "timeout" else "ran another grpolab than the worktree's"
         return Tested(summary, outcome, "skip", run, why)
+
+
+def _unworktree(value: object) -> object:
+    """A set-up value with each commit's temporary worktree path replaced by "<worktree>": a model or
+    data path inside the checkout differs between two commits' runs only by that prefix."""
+    return WORKTREE_PATH.sub("<worktree>", value) if isinstance(value, str) else value
 
 
 def _link(target: Path, link: Path) -> None:

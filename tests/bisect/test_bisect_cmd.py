@@ -208,3 +208,16 @@ def test_sigterm_kills_the_run_removes_the_worktree_and_writes_the_report(signum
         os.kill(child, 0)  # the command's shell (own session) was killed with bisect
     report = json.loads(next((tmp_path / "out").glob("*/report.json")).read_text())
     assert report["exit_code"] == code and report["notes"] == ["interrupted"]
+
+
+def test_paths_inside_the_worktree_are_no_setup_difference(log_repo, tmp_path, capsys):
+    repo, commits = log_repo
+    cmd = (
+        '{ echo "python train.py --hf-checkpoint $PWD/model --seed 1"; '
+        'printf "step 0: {\'train/loss\': %s}\\n" "$(cat loss.txt)"; } > {run_dir}'
+    )
+    argv = ["bisect", "--good", commits[3], "--bad", commits[4], "--repo", str(repo), "--cmd", cmd]
+    assert main([*argv, "--output-dir", str(tmp_path / "out")]) == 0
+    report = json.loads(next((tmp_path / "out").glob("*/report.json")).read_text())
+    assert report["diff"]["setup"] == [] and report["diff"]["metrics"][0]["key"] == "train/loss"
+    assert "setup: same flags, environment and data" in capsys.readouterr().out
