@@ -157,7 +157,8 @@ def test_bisect_page_starts_the_command(tmp_path: Path, monkeypatch: pytest.Monk
         f"--tol 0 --output-dir {folder} -- --lr 1e-5"
     )
     assert job.returncode == 2
-    assert any("refused its input (exit 2)" in e for e in _texts(at, "error"))
+    shown = f"`grpolab bisect --good no-such-rev-xyz --bad HEAD --recording '{tmp_path}/rollout_{{rollout_id}}.grz' "
+    assert any(e.startswith(shown) and "refused its input (exit 2)" in e for e in _texts(at, "error"))
     assert "grpolab bisect: error: --good no-such-rev-xyz: no such commit in" in _texts(at, "code")[-1]
     assert not folder.exists()  # bad input: nothing written
 

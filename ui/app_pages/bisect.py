@@ -6,6 +6,7 @@ command with `--output-dir BISECT_DIR`, so what it starts shows up in the list w
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 
@@ -63,20 +64,23 @@ def _job_section(folder: Path) -> None:
     job = jobs.get(("bisect", str(folder)))
     if job is None:
         return
+    command = shlex.join(["grpolab", *job.args])  # as a user would type it (a template is quoted)
     if job.state == "running":
-        st.info(f"Running `{job.command}` ({time.time() - job.started:.0f} s)")
+        st.info(f"Running `{command}` ({time.time() - job.started:.0f} s)")
         st.code(job.stderr_tail(OUTPUT_LINES) or "(no output yet)", language=None)
         time.sleep(POLL_S)
         st.rerun()
     code = job.returncode
     if code == 0:
-        st.success(f"`{job.command}` named the first bad commit; its report is the newest below.")
+        st.success(f"`{command}` named the first bad commit; its report is the newest below.")
     elif code == 1:
-        st.warning(f"`{job.command}` ended without naming a first bad commit (exit 1); its report is below.")
+        st.warning(f"`{command}` ended without naming a first bad commit (exit 1); its report is below.")
     elif code == 2:
-        st.error(f"`{job.command}` refused its input (exit 2):")
+        st.error(f"`{command}` refused its input (exit 2):")
+    elif code in (129, 130, 143):
+        st.warning(f"`{command}` was interrupted (exit {code}); what it tested is in its report below.")
     else:
-        st.error(f"`{job.command}` failed (exit {code}):")
+        st.error(f"`{command}` failed (exit {code}):")
     st.code(job.stderr_tail(ENDED_LINES), language=None)
 
 

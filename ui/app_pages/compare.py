@@ -150,7 +150,8 @@ if len(chosen) >= 2:
     if report.common_steps == 0:
         st.warning(f"{run_a} and {run_b} have no common step numbers to compare.")
     elif report.first_step is None:
-        st.success(f"No divergence over {report.common_steps} common steps (tolerance {tol:g}).")
+        n = report.common_steps  # not green: the verdict below (`grpolab diff`) alone is coloured
+        st.write(f"No key differs over {n} common step{'' if n == 1 else 's'} (tolerance {tol:g}).")
     else:
         st.metric("First divergence step", report.first_step)
         st.caption(f"Keys that differ there: {', '.join(report.first_keys)}")
