@@ -91,5 +91,12 @@ class WandbSink:
         self.run.log(with_step_key(kind, rollout_id, step, metrics))
 
     def close(self, status: str) -> None:
-        """Finish the wandb run with the status's exit code (sinks.EXIT_CODES: failed is 1)."""
+        """Finish the wandb run with the status's exit code (sinks.EXIT_CODES: failed is 1), then end
+        wandb's session: its service flushes and exits, and a later run in this process (tests, the
+        UI's jobs) starts a session of its own instead of inheriting this one's settings (wandb warns
+        "Changes to your wandb environment variables will be ignored" and the second run's history
+        was found incomplete in its .wandb file)."""
+        import wandb
+
         self.run.finish(exit_code=EXIT_CODES.get(status, 1))
+        wandb.teardown()
