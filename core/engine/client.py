@@ -8,7 +8,8 @@ failure shorter than `failure_timeout` seconds (`--engine-failure-timeout`, defa
 tolerated; a longer one raises `EngineDeadError`, naming the engine, how long it failed, the last
 error and the engine's last log lines.
 
-The failure is timed from the start of the call that failed, so a call that hung until its own
+The failure is timed from the start of the call that failed (or from the engine's last answer, when the
+error carries it as `failing_since`: see `_failure_start`), so a call that hung until its own
 timeout counts in full: an engine that accepts a request and never answers stops the run within
 `failure_timeout` (plus one call's timeout, which `HttpEngine` caps at it), not after a retry on top.
 
@@ -191,7 +192,9 @@ class EngineClient:
             except REQUEST_ERRORS:
                 raise
             except EngineGoneError as e:
-                failed_for = self._clock() - (started if first_failure is None else first_failure)
+                failed_for = self._clock() - (
+                    _failure_start(started, e) if first_failure is None else first_failure
+                )
                 raise EngineDeadError(
                     self.name, failed_for, self.failure_timeout, f"{e} (during {what}; it cannot come back)",
                     self.log_tail(LOG_TAIL_LINES), gone=True,
@@ -199,7 +202,7 @@ class EngineClient:
             except Exception as e:
                 last_error = f"{what} raised {_describe(e)}"
                 if first_failure is None:
-                    first_failure = started  # a call that hung until its timeout failed from its start
+                    first_failure = _failure_start(started, e)
                     log.warning(
                         f"rollout engine {self.name!r}: {last_error}; waiting up to "
                         f"{self.failure_timeout:g} s (--engine-failure-timeout) for it to recover"
@@ -238,6 +241,15 @@ class EngineClient:
             call_error + health_note,
             self.log_tail(LOG_TAIL_LINES),
         )
+
+
+def _failure_start(started: float, e: BaseException) -> float:
+    """When a failure began: the failed call's start (a call that hung until its timeout failed from its
+    start), or earlier, the `failing_since` the error carries: the engine's last answer before it was seen
+    silent (`HttpEngine`: an engine killed mid-rollout behind a router that re-sent its requests elsewhere
+    fails from then, not from the next call to it, ~14 s later). Both are `clock` seconds (monotonic)."""
+    since = getattr(e, "failing_since", None)
+    return started if since is None else min(started, since)
 
 
 def _describe(e: BaseException) -> str:

@@ -51,7 +51,7 @@ from grpolab.core.engine.client import EngineGoneError
 from grpolab.core.engine.fleet import Fleet
 from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError, call_json
 from grpolab.core.engine.http_pool import KeepAlivePool
-from grpolab.core.engine.liveness import LivenessWatch
+from grpolab.core.engine.liveness import LastAnswers, LivenessWatch
 from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer, parse_mismatches, request_rid
 
 log = logging.getLogger("grpolab")
@@ -138,6 +138,7 @@ class HttpEngine:
         self._calls = itertools.count()
         self._requests: KeepAlivePool | None = None  # /generate calls (kept-alive; see _send_all)
         self._answered_at: float | None = None  # when the last rollout's requests were all answered
+        self._answers = LastAnswers()  # when each engine last answered (failures are timed from there)
 
     @property
     def name(self) -> str:
@@ -309,8 +310,8 @@ class HttpEngine:
         mismatches: list[TensorMismatch] = []
         for i, url in enumerate(self.engine_urls):
             try:
-                call_json(
-                    "POST", url + "/weights_checker", {"action": action}, timeout=self._cap(CONTROL_TIMEOUT_S)
+                self._answers.call(
+                    "POST", url, "/weights_checker", {"action": action}, timeout=self._cap(CONTROL_TIMEOUT_S)
                 )
             except EngineRequestError as e:
                 if action != "compare" or "differ from the snapshot" not in str(e):
@@ -324,11 +325,13 @@ class HttpEngine:
         self._check_processes()
         for i, url in enumerate(self.engine_urls):
             try:
-                call_json("GET", url + "/health_generate", None, timeout=self._cap(HEALTH_TIMEOUT_S))
+                self._answers.call("GET", url, "/health_generate", None, timeout=self._cap(HEALTH_TIMEOUT_S))
             except (HttpCallError, EngineRequestError) as e:
                 self._suspect = i
                 self._after_failed_call(e if isinstance(e, HttpCallError) else None)
-                raise RuntimeError(f"engine {i} ({url}) failed its health check: {e}") from None
+                failed = RuntimeError(f"engine {i} ({url}) failed its health check: {e}")
+                failed.failing_since = getattr(e, "failing_since", None)  # type: ignore[attr-defined]
+                raise failed from None
 
     def health(self) -> EngineHealth:
         """ok when every engine answers `/health_generate`; the detail names the first that does not."""
@@ -382,9 +385,12 @@ class HttpEngine:
         except EngineGoneError:
             self._suspect = self._watch.hung
             raise
+        finally:
+            self._answers.take(self._watch)
 
     def _end_watch(self) -> None:
         if self._watch is not None:
+            self._answers.take(self._watch)
             self._watch.close()
             self._watch = None
 
@@ -423,7 +429,9 @@ class HttpEngine:
         answers = []
         for i, url in enumerate(self.engine_urls):
             try:
-                answers.append(call_json(method, url + path, body, timeout=self._cap(CONTROL_TIMEOUT_S)))
+                answers.append(
+                    self._answers.call(method, url, path, body, timeout=self._cap(CONTROL_TIMEOUT_S))
+                )
             except HttpCallError as e:
                 self._suspect = i
                 self._after_failed_call(e)

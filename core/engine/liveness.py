@@ -17,12 +17,15 @@ probe still in flight when the rollout's answers are in made the engine busy, an
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from grpolab.core.engine.client import EngineGoneError
 from grpolab.core.engine.http_calls import EngineRequestError, HttpCallError, call_json
+
+log = logging.getLogger("grpolab")
 
 PROBE_PATH = "/server_info"
 """What a probe asks (GET): side-effect free, answered by the engine's scheduler."""
@@ -64,6 +67,8 @@ class LivenessWatch:
         self._in_flight: dict[str, Future] = {}
         self._last_error: dict[str, str] = {}  # each engine's last failed probe, for the message
         self.hung: int | None = None  # the index of the engine `check` found hung
+        self.answered: dict[str, float] = {}  # each engine's last real answer (clock seconds)
+        self.silent: set[str] = set()  # engines whose latest probe failed (warned once each)
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.urls)), thread_name_prefix="liveness")
 
     def check(self) -> None:
@@ -79,10 +84,10 @@ class LivenessWatch:
                 del self._in_flight[url]
                 if (error := future.exception()) is None:
                     self._answered[url] = max(self._answered[url], future.result())
-                elif isinstance(error, HttpCallError) and error.status is not None:
-                    self._last_error[url] = f"; its last answer: HTTP {error.status}: {error.text}"
-                elif isinstance(error, EngineRequestError):
-                    self._last_error[url] = f"; its last answer: {error}"
+                    self.answered[url] = self._answered[url]
+                    self.silent.discard(url)
+                else:
+                    self._note_silent(i, url, error)
             silent = now - self._answered[url]
             if silent >= self.failure_timeout:
                 self.hung = i
@@ -95,6 +100,20 @@ class LivenessWatch:
                 self._sent[url] = now
                 self._in_flight[url] = self._pool.submit(self._timed_probe, url)
 
+    def _note_silent(self, i: int, url: str, error: BaseException) -> None:
+        """Warn once when engine `i` stops answering (a kill -9'd engine behind a router that re-sends its
+        requests elsewhere: the rollout goes on, and the console said nothing until the next call to it)."""
+        if isinstance(error, HttpCallError) and error.status is not None:
+            self._last_error[url] = f"; its last answer: HTTP {error.status}: {error.text}"
+        elif isinstance(error, EngineRequestError):
+            self._last_error[url] = f"; its last answer: {error}"
+        if url not in self.silent:
+            self.silent.add(url)
+            log.warning(
+                f"engine {i} ({url}) stopped answering GET {PROBE_PATH} ({error}); the run fails if it stays "
+                f"silent for {self.failure_timeout:g} s (--engine-failure-timeout)"
+            )
+
     def close(self) -> None:
         """Stop watching (a probe still in flight ends at its own timeout, in the background)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -106,3 +125,50 @@ class LivenessWatch:
 
     def _health(self, url: str) -> None:
         call_json("GET", url + PROBE_PATH, None, timeout=self.failure_timeout)  # raises unless 2xx
+
+
+class LastAnswers:
+    """When each engine last answered (`time.monotonic` seconds), and which a liveness probe has found silent
+    since: a failed call to such an engine failed from its last answer, not from the call (an engine killed
+    mid-rollout behind a router that re-sends its requests elsewhere is only called again ~14 s later)."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+        self._silent: set[str] = set()
+
+    def take(self, watch: LivenessWatch | None) -> None:
+        """Note `watch`'s probe answers (clock: time.monotonic) and the engines it found silent."""
+        if watch is None:
+            return
+        for url, at in watch.answered.items():
+            if at > self._at.get(url, float("-inf")):
+                self._at[url] = at
+                self._silent.discard(url)
+        self._silent |= watch.silent
+
+    def failing_since(self, url: str) -> float | None:
+        """The engine's last answer when a probe found it silent since (else None: no sign it failed before)."""
+        return self._at.get(url) if url in self._silent else None
+
+    def call(self, method: str, url: str, path: str, body: object, *, timeout: float) -> object:
+        """`call_json(method, url + path, ...)` to one engine, noting its answer (a 400 is an answer too).
+
+        Raises:
+            EngineRequestError: HTTP 400 (as `call_json`).
+            HttpCallError: as `call_json`, with `failing_since` set (`failing_since(url)`, read by
+                `client.EngineClient`).
+        """
+        try:
+            answer = call_json(method, url + path, body, timeout=timeout)
+        except EngineRequestError:
+            self._answered(url)
+            raise
+        except HttpCallError as e:
+            e.failing_since = self.failing_since(url)  # type: ignore[attr-defined]
+            raise
+        self._answered(url)
+        return answer
+
+    def _answered(self, url: str) -> None:
+        self._at[url] = time.monotonic()
+        self._silent.discard(url)
