@@ -18,7 +18,6 @@ Sample dicts carry `prompt`, `response`, `label`, `index`, `group_index`, `metad
 from __future__ import annotations
 
 import asyncio
-import importlib
 import math
 import re
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
+from grpolab.core.dotted_path import import_callable
 from grpolab.core.registry import Registry
 from grpolab.core.reward_calls import CustomReward, RewardCaller, RewardError, function_name
 
@@ -214,22 +214,7 @@ def load_custom_reward(path: str, timeout: float | None = None) -> CustomReward:
         ValueError: naming the path, the module and the underlying error, when the path has no
             module part, the module does not import, the attribute is missing or not callable.
     """
-    module_name, _, attribute = path.rpartition(".")
-    if not module_name or not attribute:
-        raise ValueError(f"--custom-rm-path {path!r} must look like 'package.module.function'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # import-time errors of any kind belong to the user's module
-        raise ValueError(
-            f"--custom-rm-path {path!r}: cannot import module {module_name!r}: {type(error).__name__}: {error}"
-        ) from error
-    if not hasattr(module, attribute):
-        raise ValueError(f"--custom-rm-path {path!r}: module {module_name!r} has no attribute {attribute!r}")
-    fn = getattr(module, attribute)
-    if not callable(fn):
-        raise ValueError(
-            f"--custom-rm-path {path!r}: {module_name}.{attribute} is not callable ({type(fn).__name__})"
-        )
+    fn = import_callable(path, "--custom-rm-path")
     return CustomReward(fn, timeout)
 
 

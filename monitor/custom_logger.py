@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from grpolab.core.dotted_path import import_callable
 
 if TYPE_CHECKING:  # torch-free import for preflight
     from grpolab.core.batch import Sample
@@ -45,20 +46,7 @@ def load_rollout_logger(path: str) -> RolloutLogger:
             its error), no such attribute, not callable, or not callable with five positional
             arguments (`check_signature`; `grpolab train` exits 2 before the run).
     """
-    module_name, _, attribute = path.rpartition(".")
-    if not module_name or not attribute:
-        raise ValueError(f"{FLAG} {path!r} must look like 'package.module.function'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as error:  # import-time errors of any kind belong to the user's module
-        raise ValueError(
-            f"{FLAG} {path!r}: cannot import module {module_name!r}: {type(error).__name__}: {error}"
-        ) from error
-    fn = getattr(module, attribute, None)
-    if fn is None:
-        raise ValueError(f"{FLAG} {path!r}: module {module_name!r} has no attribute {attribute!r}")
-    if not callable(fn):
-        raise ValueError(f"{FLAG} {path!r}: {path} is not callable ({type(fn).__name__})")
+    fn = import_callable(path, FLAG)
     check_signature(path, fn)
     return RolloutLogger(path, fn)
 
