@@ -107,9 +107,16 @@ def _number(sp: dict, key: str, default: float) -> float | int:
 
 
 def _int_list(v: object, what: str) -> list[int]:
-    """A JSON list of ints (token ids), else a 400 naming `what`."""
-    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+    """A JSON list of ints (token ids), else a 400 naming `what` and, in a list, the first bad element and its
+    index, in the contract gate's words ("input_ids[0]: invalid type: floating point `1.5`, expected i64")."""
+    if not isinstance(v, list):
         raise RequestError(f"{what} must be a list of integer token ids, got {serde_type(v)}", contract=True)
+    for i, t in enumerate(v):
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise RequestError(
+                f"{what}[{i}]: invalid type: {serde_type(t)}, expected i64 (an integer token id)",
+                contract=True,
+            )
     return v
 
 
@@ -186,7 +193,10 @@ def _prompts(body: dict, tokenize) -> tuple[list[list[int]], bool]:
     if ids is None:
         raise RequestError("Either text, input_ids or input_embeds should be provided.")
     batch = isinstance(ids, list) and len(ids) > 0 and isinstance(ids[0], list)
-    prompts = [_int_list(p, "input_ids") for p in (ids if batch else [ids])]
+    prompts = [
+        _int_list(p, f"input_ids[{k}]" if batch else "input_ids")
+        for k, p in enumerate(ids if batch else [ids])
+    ]
     for i, p in enumerate(prompts):
         if not p:
             raise RequestError(
