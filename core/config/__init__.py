@@ -134,6 +134,10 @@ class Config:
             "--rollout-num-engines / --sglang-router-ip need a rollout engine, but --debug-train-only "
             "(or --load-debug-rollout-data) trains on recordings without one: drop one of them",
         )
+        require(  # after the engines conflict: `--rollout-num-engines 2 --debug-train-only` names that first
+            not self.debug.debug_train_only or self.debug.load_debug_rollout_data is not None,
+            "--debug-train-only needs --load-debug-rollout-data PATH: without an engine the recordings are the only data",
+        )
         require(
             self.ci.ci_metric_checker_key is None or bool(self.eval.eval_prompt_data),
             "--ci-metric-checker-key needs an eval: set --eval-interval and --eval-prompt-data NAME PATH",

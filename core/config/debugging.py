@@ -56,10 +56,6 @@ class DebugConfig:
             "--debug-rollout-only and --debug-train-only (or --load-debug-rollout-data) exclude each other: "
             "one generates without training, the other trains without generating",
         )
-        require(
-            not self.debug_train_only or self.load_debug_rollout_data is not None,
-            "--debug-train-only needs --load-debug-rollout-data PATH: without an engine the recordings are the only data",
-        )
         for flag, template in (
             ("--save-debug-rollout-data", self.save_debug_rollout_data),
             ("--load-debug-rollout-data", self.load_debug_rollout_data),

@@ -126,6 +126,9 @@ def test_server_flags_imply_the_sglang_engine_and_refuse_train_only(tmp_path) ->
         Config(
             rollout=RolloutConfig(rollout_num_engines=1), debug=DebugConfig(load_debug_rollout_data=str(rec))
         )
+    # without a recording too: the engines conflict is named, not only the missing recording
+    with pytest.raises(ValueError, match="--rollout-num-engines / --sglang-router-ip need a rollout engine"):
+        Config(rollout=RolloutConfig(rollout_num_engines=2), debug=DebugConfig(debug_train_only=True))
 
 
 def test_a_taken_router_port_fails_before_anything_starts(tmp_path, tiny_model_dir) -> None:
