@@ -40,6 +40,10 @@ STARTUP_TIMEOUT_S = 180.0
 """Seconds an engine or the router may take to answer after launch (grpolab's: a tiny model starts in
 ~5 s, SmolLM2-135M in ~20 s on a busy 2-core CPU machine; a real model on a GPU needs a longer wait,
 which is why an already running fleet can be used with --sglang-router-ip instead)."""
+ROUTER_PROBE_NOISE = "Invalid HTTP request received."
+"""uvicorn's warning when sglang-router 0.3.2 probes an engine for gRPC at registration (router.log: "Step
+failed ... detect_connection_mode"): twice in every engine log, it is no sign of the engine's state, so
+a quoted log tail leaves it out."""
 STOP_GRACE_S = 10.0
 """Seconds between SIGTERM and SIGKILL at teardown (the router's graceful shutdown takes ~2 s)."""
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -78,13 +82,15 @@ def check_port_free(host: str, port: int, flag: str) -> None:
             raise PortInUseError(f"{flag} {port}: {host}:{port} is in use ({e.strerror or e})") from e
 
 
-def log_tail(path: Path, n: int) -> list[str]:
-    """The last `n` lines of the log file at `path` (ANSI colour codes removed); [] when it is missing."""
+def log_tail(path: Path, n: int, *, skip: str | None = None) -> list[str]:
+    """The last `n` lines of the log file at `path` (ANSI colour codes removed), leaving out lines that
+    contain `skip`; [] when it is missing."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return []
-    return [_strip_ansi(line) for line in lines[-n:]]
+    kept = [line for line in lines if skip is None or skip not in line]
+    return [_strip_ansi(line) for line in kept[-n:]]
 
 
 def _strip_ansi(line: str) -> str:
@@ -221,15 +227,17 @@ class Fleet:
         return fleet
 
     def failure_log(self, i: int, n: int) -> list[str]:
-        """About `n` lines explaining engine `i`'s failure: its last log lines ("[engines/i.log] ..."), then
-        the router's last 3 ERROR/WARN lines about its URL, then the router's last 3 lines ("[router.log] ...")."""
+        """About `n` lines explaining engine `i`'s failure: its last log lines ("[engines/i.log] ...", without
+        the router's probe noise `ROUTER_PROBE_NOISE`), then the router's last 3 ERROR/WARN lines about its URL
+        ("[router.log] ..."), or "[router.log] (the router logged no error about URL)": its INFO lines
+        ("status_code=200 ... finished processing request") explain nothing."""
         engine = self.engines[i]
         about = self.router.problems_about(engine.url, 3) if engine.url else []
-        last = [line for line in log_tail(self.router.log_path, 3) if line not in about]
-        router = [f"[router.log] {line}" for line in about + last]
-        return [
-            f"[engines/{i}.log] {line}" for line in log_tail(engine.log_path, max(1, n - len(router)))
-        ] + router
+        router = [f"[router.log] {line}" for line in about] or [
+            f"[router.log] (the router logged no error about {engine.url or f'engine {i}'})"
+        ]
+        tail = log_tail(engine.log_path, max(1, n - len(router)), skip=ROUTER_PROBE_NOISE)
+        return [f"[engines/{i}.log] {line}" for line in tail] + router
 
     def dead(self) -> list[FleetProcess]:
         """The fleet's processes that have exited (router first)."""

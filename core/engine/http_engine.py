@@ -347,7 +347,7 @@ class HttpEngine:
 
     def log_tail(self, n: int = 20) -> list[str]:
         """The last log lines of the engine that failed (else engine 0), then the router's last 3 ERROR/WARN
-        lines about that engine's URL (what explains the failure), then the router's last 3 lines."""
+        lines about that engine's URL (what explains the failure), or a line saying it logged none."""
         if self.fleet is None:
             return [
                 f"(an already running fleet: the engines' logs are where they run; router {self.router_url})"

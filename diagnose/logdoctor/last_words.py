@@ -8,7 +8,8 @@ A `grpolab serve` engine is a Python process; what it writes last before it dies
   first; written by faulthandler, which `PYTHONFAULTHANDLER=1` turns on): a crash in native code (a CUDA
   kernel, a C extension) or a fatal signal;
 - an out-of-memory line without a traceback, or `Killed` (what a shell prints for a SIGKILLed child);
-- nothing of these: a kill -9 or the OOM killer leaves no word in the process's own log.
+- nothing of these: a kill -9 or the OOM killer leaves no word in the process's own log (its last lines are
+  quoted, not the "Invalid HTTP request received." warnings of sglang-router's probe at registration).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from grpolab.core.engine.fleet import ROUTER_PROBE_NOISE
 from grpolab.diagnose.logdoctor.model import Line
 from grpolab.diagnose.logdoctor.run_logs import EngineLog
 
@@ -76,7 +78,8 @@ def _fatal(tail: tuple[Line, ...], head: int) -> LastWords:
 
 def last_words(log: EngineLog) -> LastWords:
     """How `log` ends: its last traceback or fatal Python error (whichever is later), else its last
-    out-of-memory or `Killed` line, else its last LAST_LINES non-blank lines."""
+    out-of-memory or `Killed` line, else its last LAST_LINES non-blank lines (not the router's probe noise,
+    `fleet.ROUTER_PROBE_NOISE`, in every engine log)."""
     tail = log.tail
     tracebacks = [i for i, ln in enumerate(tail) if TRACEBACK in ln.text]
     fatals = [i for i, ln in enumerate(tail) if ln.text.startswith(FATAL)]
@@ -88,7 +91,7 @@ def last_words(log: EngineLog) -> LastWords:
         hits = [ln for ln in tail if pattern.search(ln.text)]
         if hits:
             return LastWords(kind, hits[-1].text, (hits[-1],))
-    lines = tuple(ln for ln in tail if ln.text.strip())[-LAST_LINES:]
+    lines = tuple(ln for ln in tail if ln.text.strip() and ROUTER_PROBE_NOISE not in ln.text)[-LAST_LINES:]
     return LastWords("", lines[-1].text if lines else "", lines)
 
 

@@ -63,8 +63,8 @@ def test_a_killed_engine_run_is_told_engine_first_then_router_then_trainer(capsy
     assert d["router"] == {"failed_sends": 16, "health_failures": {"connection refused": 1}}
     cited = [(Path(e["file"]).name, e["line"]) for e in gone["evidence"]]
     assert cited == [
-        ("0.log", 2),
-        ("0.log", 3),  # the engine log's last lines: a SIGKILL leaves no message
+        ("0.log", 1),  # the engine log's last line: a SIGKILL leaves no message (lines 2-3 are the router's
+        # probe noise, "Invalid HTTP request received.", and were cited as the engine's last words)
         ("router.log", _line_of(KILLED / "router.log", "Failed to send typed request")),
         ("router.log", _line_of(KILLED / "router.log", "HTTP health check failed for")),
         ("console.log", _line_of(KILLED / "console.log", "waiting up to 60 s")),
@@ -88,14 +88,14 @@ def test_the_grpolab_command_on_the_run_directory() -> None:
     )
     assert done.returncode == 1, done.stderr
     assert f"ERROR   engine_gone: engine 0 ({URL}) is gone (killed by SIGKILL)" in done.stdout
-    assert f"{KILLED / 'engines' / '0.log'}:3 " in done.stdout and done.stderr == ""
+    assert f"{KILLED / 'engines' / '0.log'}:1 " in done.stdout and done.stderr == ""
 
 
 def test_the_text_report_cites_each_file_and_line(capsys) -> None:
     assert main([str(KILLED)]) == 1
     out = capsys.readouterr().out
     gone = out[out.index("ERROR   engine_gone:") :]
-    assert f"{KILLED / 'engines' / '0.log'}:2 " in gone
+    assert f"{KILLED / 'engines' / '0.log'}:1 " in gone and "Invalid HTTP request" not in gone
     assert (
         f"{KILLED / 'router.log'}:{_line_of(KILLED / 'router.log', 'Failed to send typed request')} " in gone
     )
@@ -112,13 +112,12 @@ def test_an_engine_killed_between_rollouts_is_gone_at_once(capsys) -> None:
     (gone,) = found["engine_gone"]
     assert (
         gone["title"]
-        == "engine 0 (http://127.0.0.1:38731) is gone (killed by SIGKILL): the run stopped at once"
+        == "engine 0 (http://127.0.0.1:38731) is gone (killed by SIGKILL): the run stopped at the next call to it"
     )
     assert gone["details"]["failed_for_s"] is None and gone["details"]["engine_index"] == 0
     cited = [(Path(e["file"]).name, e["line"], e["note"]) for e in gone["evidence"]]
     assert cited == [
-        ("0.log", 2, "engine log: its last lines"),
-        ("0.log", 3, "engine log: its last lines"),
+        ("0.log", 1, "engine log: its last lines"),  # 2-3: the router's probe noise, left out
         ("console.log", _line_of(BETWEEN / "console.log", "' is gone: engine 0"), "the trainer's error"),
     ]
 
@@ -132,10 +131,10 @@ def test_the_message_before_is_gone_is_engine_gone_too(capsys) -> None:
     (gone,) = found["engine_gone"]
     assert (
         gone["title"]
-        == "engine 0 (http://127.0.0.1:38883) is gone (killed by SIGKILL): the run stopped at once"
+        == "engine 0 (http://127.0.0.1:38883) is gone (killed by SIGKILL): the run stopped at the next call to it"
     )
     assert gone["details"]["failed_for_s"] == 0.0
-    assert [(Path(e["file"]).name, e["line"]) for e in gone["evidence"]][:2] == [("0.log", 3), ("0.log", 4)]
+    assert [(Path(e["file"]).name, e["line"]) for e in gone["evidence"]][:1] == [("0.log", 1)]
 
 
 def test_a_stopped_engine_is_a_timeout_told_with_the_engines_log(capsys) -> None:
@@ -150,8 +149,7 @@ def test_a_stopped_engine_is_a_timeout_told_with_the_engines_log(capsys) -> None
     assert (dead["details"]["engine_index"], dead["details"]["url"]) == (0, "http://127.0.0.1:46215")
     cited = [(Path(e["file"]).name, e["line"], e["note"]) for e in dead["evidence"]]
     assert cited == [
-        ("0.log", 2, "engine log: its last lines"),
-        ("0.log", 3, "engine log: its last lines"),
+        ("0.log", 1, "engine log: its last lines"),
         ("console.log", _line_of(HUNG / "console.log", "waiting up to 10 s"), "first failure"),
         ("console.log", _line_of(HUNG / "console.log", "grpolab train: error:"), ""),
     ]
@@ -166,7 +164,7 @@ def test_a_crashed_engines_fatal_error_is_quoted_first(capsys) -> None:
     assert [f["rule"] for f in files[0]["findings"]] == ["segfault"]  # the engine's own log, first
     (gone,) = _findings(report)["engine_gone"]
     assert gone["title"] == (
-        "engine 0 (http://127.0.0.1:38861) is gone (killed by SIGSEGV): the run stopped at once; its log "
+        "engine 0 (http://127.0.0.1:38861) is gone (killed by SIGSEGV): the run stopped at the next call to it; its log "
         "ends with a fatal Python error"
     )
     engine_log = SEGFAULT / "engines" / "0.log"
@@ -203,10 +201,7 @@ def test_a_run_directory_without_console_log_tells_the_routers_story(tmp_path: P
     assert [Path(f["file"]).name for f in report["files"]] == ["0.log", "router.log"]
     (router,) = _findings(report)["router_engine_errors"]
     assert router["details"]["engine_logs"] == {URL: str(run / "engines" / "0.log")}
-    assert [(Path(e["file"]).name, e["line"]) for e in router["evidence"]][-2:] == [
-        ("0.log", 2),
-        ("0.log", 3),
-    ]
+    assert [(Path(e["file"]).name, e["line"]) for e in router["evidence"]][-1:] == [("0.log", 1)]
 
 
 def test_a_directory_without_any_log_says_what_it_expected(tmp_path: Path, capsys) -> None:

@@ -186,23 +186,30 @@ def test_an_engine_that_is_gone_fails_at_once_without_waiting_out_the_timeout() 
 
 
 def test_log_tail_quotes_the_routers_lines_about_the_failing_engine_first(tmp_path) -> None:
-    """A real router.log of a kill -9'd engine (tests/diagnose/router_logs/): its last 3 lines are the
-    graceful shutdown's; the ERROR lines naming the engine's URL explain the failure, so they come first."""
+    """A real router.log of a kill -9'd engine (tests/diagnose/router_logs/): the ERROR lines naming the
+    engine's URL explain the failure and are quoted; its last lines (INFO, the graceful shutdown's) were
+    quoted too and explained nothing; the router's gRPC probe noise in the engine's log is left out."""
     from grpolab.core.engine.fleet import FleetProcess
 
     logs = Path(__file__).resolve().parents[1] / "diagnose" / "router_logs"
     url = "http://127.0.0.1:36331"  # the killed engine in that log
-    (tmp_path / "0.log").write_text("engine line\n")
+    noise = "WARNING:  Invalid HTTP request received."
+    (tmp_path / "0.log").write_text(f"engine line\n{noise}\n{noise}\n")
     fleet = Fleet.__new__(Fleet)  # the log files of a fleet, without processes (nothing to end at exit)
     fleet.engines = [FleetProcess("engine 0", None, tmp_path / "0.log", url=url)]  # type: ignore[arg-type]
     fleet.router = FleetProcess("router", None, logs / "killed_engine_router.log")  # type: ignore[arg-type]
     lines = fleet.failure_log(0, 10)
-    assert lines[0] == "[engines/0.log] engine line" and len(lines) == 7
-    about, last = lines[1:4], lines[4:]
-    assert all("ERROR" in line and f"worker_url={url} " in line for line in about), about
-    assert last == [f"[router.log] {line}" for line in log_tail(fleet.router.log_path, 3)]
-    assert "starting graceful shutdown" in last[-1]
+    assert lines[0] == "[engines/0.log] engine line" and len(lines) == 4, lines
+    assert all("ERROR" in line and f"worker_url={url} " in line for line in lines[1:]), lines
     assert fleet.router.problems_about("http://127.0.0.1:3633", 3) == []  # a prefix of the URL is not it
+    (tmp_path / "router.log").write_text(
+        f"2026-12-01 INFO http_request{{status_code=200}}: finished processing request {url}/generate\n"
+    )
+    fleet.router = FleetProcess("router", None, tmp_path / "router.log")  # type: ignore[arg-type]
+    assert fleet.failure_log(0, 10) == [
+        "[engines/0.log] engine line",
+        f"[router.log] (the router logged no error about {url})",
+    ]
 
 
 def test_a_web_server_that_is_not_a_router_is_named_so_in_one_line(tmp_path, tiny_model_dir) -> None:

@@ -144,7 +144,13 @@ class EngineGone(Rule):
 def _title(gone: Gone) -> str:
     where = f" ({gone.url})" if gone.url else ""
     state = f" ({gone.state})" if gone.state else ""
-    after = f" after {gone.failed_for:.1f} s of failed calls" if gone.failed_for else " at once"
+    # not "at once": an exited engine fails the next call to it (seconds later between rollouts), a hung one
+    # after --engine-failure-timeout without an answer (its state says how long)
+    after = (
+        f" after {gone.failed_for:.1f} s of failed calls"
+        if gone.failed_for
+        else ("" if gone.hung else " at the next call to it")
+    )
     return f"{gone.who}{where} is gone{state}: the run stopped{after}"
 
 
