@@ -14,7 +14,7 @@ import sys
 
 from grpolab.checkers.hash_command import add_hash_parser, run_hash_command
 from grpolab.core.config.flags import add_train_flags, config_from_args
-from grpolab.core.launch import add_launch_flags, launch_torchrun, planned_world_size
+from grpolab.core.launch import add_launch_flags, launch_torchrun, peer_gone_message, planned_world_size
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,7 +101,7 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
         print(f"grpolab train: error: {e}", file=sys.stderr)
         return 2  # bad input: a flag, a file, a run directory
     except RuntimeError as e:
-        print(f"grpolab train: error: {e}", file=sys.stderr)
+        print(f"grpolab train: error: {peer_gone_message(e) or e}", file=sys.stderr)
         return 1  # the run failed: the engine, a fault, a non-finite loss, a weight sync
     except KeyboardInterrupt:
         print("grpolab train: interrupted; the run directory's last event says so", file=sys.stderr)

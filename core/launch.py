@@ -4,8 +4,9 @@ Every path flag the run writes under (`output_directories`: run dir, checkpoints
 recording and grad-norm templates, the event mirror) is checked here, in one place, before the run
 directory is made; so are `--save` holding another run's checkpoints and `--load`.
 
-`--nproc-per-node N` re-runs the same command under torchrun (`torch.distributed.run --standalone`)
-and forwards SIGTERM/SIGHUP to it. The device and path checks live here, not in the config: they are
+`--nproc-per-node N` re-runs the same command under torchrun (`torch.distributed.run --standalone`,
+through `torchrun_main`: a failed world ends in one line, not torchrun's traceback) and forwards
+SIGTERM/SIGHUP to it. The device and path checks live here, not in the config: they are
 facts about this machine, not about the run, and a GPU run's run.json must read back on a CPU machine.
 """
 
@@ -184,7 +185,8 @@ def planned_world_size(nproc_per_node: int | None) -> int:
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
     """The torchrun command line that runs `grpolab train` (argv[0] == "train") with `nproc` ranks.
 
-    Every `--nproc-per-node` of `argv` is dropped (the ranks must not re-launch).
+    Every `--nproc-per-node` of `argv` is dropped (the ranks must not re-launch). It runs torchrun's
+    arguments through `torchrun_main` (`python -m grpolab.core.launch`), not `-m torch.distributed.run`.
     """
     rest, skip = [], False
     for a in argv[1:]:  # argv[0] is "train"
@@ -198,7 +200,7 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "grpolab.core.launch",  # torchrun's own `run`, ending a failed world in one line (`torchrun_main`)
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
@@ -217,6 +219,58 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
         print(f"grpolab train: error: --nproc-per-node must be >= 1, got {nproc}", file=sys.stderr)
         return 2
     return run_forwarding_signals(torchrun_command(nproc, argv))
+
+
+def torchrun_main(args: list[str]) -> int:
+    """torchrun (`torch.distributed.run`'s `run`) with `args`; a world whose rank failed ends in one line.
+
+    torchrun's own `main` ended a failed world with ~40 lines (its `ChildFailedError` traceback and failure
+    table) after the rank's error. Here the failure is one line on stderr naming the first rank that failed
+    and its exit code, pointing at the run directory's console.log and events.jsonl, and the exit code is 1
+    (what torchrun returned). Other exceptions (a signal torchrun forwarded to its ranks) propagate as in
+    torchrun.
+    """
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its failure report: below
+    try:
+        run(parse_args(args))
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        how = (
+            f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+        )
+        others = len(e.failures) - 1
+        rest = f"; {others} other rank(s) ended after it" if others else ""
+        print(
+            f"grpolab train: error: rank {rank} failed ({how}){rest}: its error is above, and in the run "
+            "directory's console.log and events.jsonl (`grpolab diagnose log RUN_DIR`)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""gloo's words when another rank's process ended mid-collective (pair.cc: "Connection closed by peer")."""
+
+
+def peer_gone_message(exc: BaseException) -> str | None:
+    """One line for a rank (of a world of 2 or more) whose collective failed because another rank ended,
+    else None (a rank > 0 whose rank 0 failed on an engine, or rank 0 whose peer crashed).
+
+    "rank 1 stopped: another rank ended (its error says why)" instead of quoting gloo's internals
+    ("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:...").
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not any(words in str(exc) for words in PEER_GONE):
+        return None
+    return (
+        f"rank {rank} stopped: another rank's process ended during a collective (that rank's error says why)"
+    )
 
 
 def run_forwarding_signals(cmd: list[str]) -> int:
@@ -243,3 +297,7 @@ def run_forwarding_signals(cmd: list[str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+if __name__ == "__main__":  # torchrun_command's entry point: torchrun's arguments
+    sys.exit(torchrun_main(sys.argv[1:]))

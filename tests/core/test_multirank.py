@@ -146,8 +146,17 @@ def test_crash_before_allreduce_on_one_rank_ends_the_world(recorded: Path) -> No
         "--run-dir",
         str(recorded / "crash"),
     )
-    assert out.returncode != 0
+    assert out.returncode == 1
     assert "injecting crash_before_allreduce on rank 1 at rollout 1" in out.stderr
+    # torchrun's ChildFailedError traceback and failure table (~40 lines) were the last thing on screen
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("grpolab train: error: rank 1 failed (exit code 1)") and "console.log" in last, (
+        last
+    )
+    assert "ChildFailedError" not in out.stderr and "Root Cause" not in out.stderr
+    # rank 0, whose allreduce lost its peer, says so instead of quoting gloo's pair.cc
+    assert "grpolab train: error: rank 0 stopped: another rank's process ended" in out.stderr
+    assert "pair.cc" not in out.stderr
     rank1 = json.loads((recorded / "crash" / "ranks" / "1.json").read_text())
     assert (
         rank1["heartbeat"]["phase"] == "fault:crash_before_allreduce"
