@@ -18,9 +18,10 @@ probe still in flight when the rollout's answers are in made the engine busy, an
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from grpolab.core.engine.client import EngineGoneError
 from grpolab.core.engine.http_calls import EngineRequestError, HttpCallError, call_json
@@ -69,7 +70,7 @@ class LivenessWatch:
         self.hung: int | None = None  # the index of the engine `check` found hung
         self.answered: dict[str, float] = {}  # each engine's last real answer (clock seconds)
         self.silent: set[str] = set()  # engines whose latest probe failed (warned once each)
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.urls)), thread_name_prefix="liveness")
+        self._closed = False
 
     def check(self) -> None:
         """Collect finished probes, start due ones, and raise for an engine silent for `failure_timeout` s.
@@ -98,7 +99,7 @@ class LivenessWatch:
                 )
             if url not in self._in_flight and now - self._sent[url] >= self.interval:
                 self._sent[url] = now
-                self._in_flight[url] = self._pool.submit(self._timed_probe, url)
+                self._in_flight[url] = self._start_probe(url)
 
     def _note_silent(self, i: int, url: str, error: BaseException) -> None:
         """Warn once when engine `i` stops answering (a kill -9'd engine behind a router that re-sends its
@@ -115,8 +116,24 @@ class LivenessWatch:
             )
 
     def close(self) -> None:
-        """Stop watching (a probe still in flight ends at its own timeout, in the background)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop watching: no probe starts after this; one in flight ends at its own timeout, in a daemon
+        thread (a ThreadPoolExecutor's are joined at exit: a probe of a hung engine of an already running
+        fleet held the trainer's exit for up to --engine-failure-timeout after the run had failed)."""
+        self._closed = True
+
+    def _start_probe(self, url: str) -> Future:
+        """The probe of `url` in a daemon thread; its Future gives the answer time or the error."""
+        future: Future = Future()
+
+        def probe() -> None:
+            try:
+                future.set_result(self._timed_probe(url))
+            except BaseException as e:  # handed to check(), which reads it as "not answering"
+                future.set_exception(e)
+
+        if not self._closed:
+            threading.Thread(target=probe, name=f"liveness {url}", daemon=True).start()
+        return future
 
     def _timed_probe(self, url: str) -> float:
         """The probe; returns when it was answered (the clock's seconds)."""

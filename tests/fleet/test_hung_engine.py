@@ -169,3 +169,21 @@ def test_an_engine_answering_503_counts_as_not_answering() -> None:
         "; its last answer: HTTP 503: a text answer: 'engine not ok: scheduler stuck'"
     )
     assert f"engine 0 ({url}) has not answered GET /server_info for " in str(info.value)
+
+
+def test_a_probe_of_a_hung_engine_does_not_hold_the_exit(hung_url: str) -> None:
+    """A probe still waiting on a hung engine (an already running fleet: nothing kills it) held the
+    trainer's exit up to --engine-failure-timeout after the run had failed: the probes ran in a
+    ThreadPoolExecutor, whose threads Python joins at exit. They are daemon threads now."""
+    import subprocess
+    import sys
+
+    code = (
+        "import time; from grpolab.core.engine.liveness import LivenessWatch\n"
+        f"w = LivenessWatch([{hung_url!r}], failure_timeout=30)\n"
+        "w.check(); time.sleep(0.3); w.close()\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 15, "the exit waited for the probe's 30 s timeout"
