@@ -17,11 +17,14 @@ from typing import Any, Protocol
 
 PEER_CONNECTION_ERROR = re.compile(
     r"connection closed by peer|connection reset by peer|broken pipe|remote process exited"
-    r"|ncclRemoteError|DistNetworkError|Connection refused|Socket Timeout|Timed out waiting for peer",
+    r"|ncclRemoteError|DistNetworkError|Connection refused|Socket Timeout|Timed out waiting for peer"
+    r"|another rank's process ended during a collective",
     re.IGNORECASE,
 )
 """Messages of a collective that failed because a peer went away (gloo's tcp/pair.cc, NCCL's
-ncclRemoteError, c10d's TCPStore/DistNetworkError), seen in grpolab runs and the torch sources."""
+ncclRemoteError, c10d's TCPStore/DistNetworkError), seen in grpolab runs and the torch sources, and
+grpolab's own one-line form of them ("rank R stopped: another rank's process ended during a collective",
+core/launch.peer_gone_message)."""
 
 
 def is_peer_connection_error(error: str) -> bool:

@@ -114,12 +114,15 @@ def test_terminal_capture_headlines_the_first_rank_to_fail(failed) -> None:
     run_dir, capture = failed
     lines = capture.read_text().splitlines()
     errors = [n for n, text in enumerate(lines, 1) if text.startswith("grpolab train: error: ")]
+    summary = [n for n in errors if "its error is above" in lines[n - 1]]  # the launcher's last line
+    assert summary == [errors[-1]] and lines[-1].startswith("grpolab train: error: rank 1 failed")
+    errors = errors[:-1]
     assert len(errors) == 2  # each rank prints its own; which comes first is up to the two processes
     found = {f.rule: f for f in scan_file(capture).findings}
     assert set(found) == {"fault_injected", "train_failed"}
     failed_ = found["train_failed"]
     assert failed_.title == f"grpolab train failed: {INJECTED}"  # not the gloo line, wherever it is
-    fault_line = next(n for n, text in enumerate(lines, 1) if "Connection closed by peer" in text)
+    fault_line = next(n for n, text in enumerate(lines, 1) if "another rank's process ended" in text)
     root_line = next(n for n in errors if n != fault_line)
     assert failed_.details["root_line"] == root_line and failed_.details["consequence_lines"] == [fault_line]
     assert failed_.details["injected"] is True and failed_.details["lines"] == 2

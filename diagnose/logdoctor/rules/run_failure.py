@@ -43,6 +43,11 @@ with the rank and its label)."""
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 _TRAIN_ERROR_PREFIX = "grpolab train: error: "
+_LAUNCHER_SUMMARY = re.compile(
+    r"grpolab train: error: rank \d+ failed \((?:exit code -?\d+|killed by \w+)\).*its error is above"
+)
+"""The line the multi-rank launcher ends with (core/launch.py): it names the rank whose error is printed
+above, so it is not an error of its own."""
 _TRAIN_ERROR = re.compile(
     r"grpolab train: error: (?:(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Fault|Failure|Exit)): )?"
     r"(?P<message>.*)"
@@ -74,7 +79,7 @@ class TrainFailed(Rule):
 
     def observe(self, line: Line) -> None:
         m = _TRAIN_ERROR.search(line.text)
-        if m is None:
+        if m is None or _LAUNCHER_SUMMARY.search(line.text):  # the launcher's pointer to the lines above
             return
         self.errors.append((line, line.text[m.start() + len(_TRAIN_ERROR_PREFIX) :].strip()))
         if not is_engine_error(line.text):  # a dead engine: engine_dead_timeout or engine_gone
