@@ -7,13 +7,12 @@ No Streamlit here: the page (ui/app_pages/bisect.py) shows what these functions 
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpolab.ui.stored_reports import stamp_order
+from grpolab.ui.stored_reports import read_json_object, stamp_order
 
 REPORT = "report.json"
 """The file `grpolab bisect` writes last into its BISECT_DIR/<UTC time>/ folder."""
@@ -55,14 +54,9 @@ class StoredBisect:
 def read_report(path: Path) -> dict[str, Any] | str:
     """A bisect's report.json, or why it is unreadable (the message names the file): it cannot be read,
     is not JSON, or is not an object with a "tested" list."""
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        return f"cannot read {path}: {e.strerror or e}"
-    except ValueError as e:
-        return f"{path} is not JSON ({e})"
-    if not isinstance(obj, dict):
-        return f"{path} holds a JSON {type(obj).__name__}, not a bisect report object"
+    obj = read_json_object(path, "bisect report")
+    if isinstance(obj, str):
+        return obj
     if not isinstance(obj.get("tested"), list):
         return f'{path} holds no bisect report (no "tested" list)'
     return obj

@@ -69,10 +69,10 @@ def read_text(path: Path) -> str:
         return f"(cannot read {path.name}: {e.strerror or e})"
 
 
-def read_verdict(path: Path) -> dict[str, Any] | str:
-    """A hang report's verdict.json (`HangReport.to_dict`), or why it is unreadable: the file cannot be
-    read, is not JSON, or is not an object with a boolean "hung" and a "verdict" object (a report
-    without them is no verdict, hung or not). The message names the file."""
+def read_json_object(path: Path, what: str) -> dict[str, Any] | str:
+    """The JSON object stored at `path`, or why it is unreadable, naming the file: it cannot be read, is
+    not JSON, or holds another JSON value than an object (`what` names the object expected, e.g.
+    "hang report")."""
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -80,7 +80,17 @@ def read_verdict(path: Path) -> dict[str, Any] | str:
     except ValueError as e:
         return f"{path} is not JSON ({e})"
     if not isinstance(obj, dict):
-        return f"{path} holds a JSON {type(obj).__name__}, not a hang report object"
+        return f"{path} holds a JSON {type(obj).__name__}, not a {what} object"
+    return obj
+
+
+def read_verdict(path: Path) -> dict[str, Any] | str:
+    """A hang report's verdict.json (`HangReport.to_dict`), or why it is unreadable: the file cannot be
+    read, is not JSON, or is not an object with a boolean "hung" and a "verdict" object (a report
+    without them is no verdict, hung or not). The message names the file."""
+    obj = read_json_object(path, "hang report")
+    if isinstance(obj, str):
+        return obj
     if not isinstance(obj.get("hung"), bool) or not isinstance(obj.get("verdict"), dict):
         return f'{path} holds no hang verdict (no boolean "hung" and "verdict" object)'
     return obj
