@@ -72,24 +72,36 @@ def call_json(
         req.add_header(key, value)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
+            status, text = resp.status, resp.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
-        text = _quote_body(url, _read_error(e))
-        if e.code == 400:
-            raise EngineRequestError(f"{method} {url} answered HTTP 400: {text[:MAX_QUOTED]}") from None
-        raise HttpCallError(method, url, e.code, text) from None
+        status, text = e.code, _read_error(e)
     except OSError as e:  # URLError, refused, reset, timed out
         reason = getattr(e, "reason", e)
         timed_out = isinstance(reason, TimeoutError)
         if timed_out:
             reason = f"timed out after {timeout:g} s"
         raise HttpCallError(method, url, None, str(reason), timed_out=timed_out) from None
-    text = raw.decode(errors="replace")
+    return decode_answer(method, url, status, text)
+
+
+def decode_answer(method: str, url: str, status: int, text: str) -> object:
+    """What an answer with HTTP `status` and body `text` means: the decoded JSON (None when empty, or
+    not JSON outside the router's paths), or the error (a non-JSON body quoted as one line).
+
+    Raises:
+        EngineRequestError: HTTP 400.
+        HttpCallError: any other status >= 400, or a router path that did not answer JSON.
+    """
+    if status >= 400:
+        quoted = _quote_body(url, text)
+        if status == 400:
+            raise EngineRequestError(f"{method} {url} answered HTTP 400: {quoted[:MAX_QUOTED]}")
+        raise HttpCallError(method, url, status, quoted)
     try:
         return json.loads(text) if text else None
     except json.JSONDecodeError:
         if _is_router_path(url):
-            raise HttpCallError(method, url, resp.status, _quote_body(url, text)) from None
+            raise HttpCallError(method, url, status, _quote_body(url, text)) from None
         return None
 
 

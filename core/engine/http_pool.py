@@ -21,7 +21,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from urllib.parse import urlsplit
 
-from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError
+from grpolab.core.engine.http_calls import HttpCallError, decode_answer
 
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 """What a reused connection the peer closed while it idled raises before any answer arrives."""
@@ -90,7 +90,7 @@ class KeepAlivePool:
             except (OSError, http.client.HTTPException) as e:
                 conn.close()
                 raise HttpCallError(method, url, None, str(e) or type(e).__name__) from None
-            return _decode(method, url, status, raw)
+            return decode_answer(method, url, status, raw.decode(errors="replace"))
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     def close(self) -> None:
@@ -122,16 +122,3 @@ class KeepAlivePool:
         if reused:
             conn.sock.settimeout(timeout)
         return conn, reused
-
-
-def _decode(method: str, url: str, status: int, raw: bytes) -> object:
-    """The JSON answer of a call, or the error its status means (as `http_calls.call_json`)."""
-    text = raw.decode(errors="replace")
-    if status == 400:
-        raise EngineRequestError(f"{method} {url} answered HTTP 400: {text.strip()[:MAX_QUOTED]}")
-    if status >= 400:
-        raise HttpCallError(method, url, status, text.strip())
-    try:
-        return json.loads(text) if text else None
-    except json.JSONDecodeError:
-        return None
