@@ -170,8 +170,8 @@ class EngineClient:
     def health(self) -> EngineHealth:
         """One health check, no retry; an exception from the engine reads as not ok (detail: the error)."""
         try:
-            return self.engine.health()
-        except Exception as e:  # a health check reports, it does not raise
+            return self._probe()
+        except EngineGoneError as e:
             return EngineHealth(ok=False, weight_version=-1, memory_released=False, detail=_describe(e))
 
     def log_tail(self, n: int = 20) -> list[str]:
@@ -192,13 +192,8 @@ class EngineClient:
             except REQUEST_ERRORS:
                 raise
             except EngineGoneError as e:
-                failed_for = self._clock() - (
-                    _failure_start(started, e) if first_failure is None else first_failure
-                )
-                raise EngineDeadError(
-                    self.name, failed_for, self.failure_timeout, f"{e} (during {what}; it cannot come back)",
-                    self.log_tail(LOG_TAIL_LINES), gone=True,
-                ) from None  # fmt: skip
+                start = _failure_start(started, e) if first_failure is None else first_failure
+                raise self._gone(e, what, start) from None
             except Exception as e:
                 last_error = f"{what} raised {_describe(e)}"
                 if first_failure is None:
@@ -207,7 +202,10 @@ class EngineClient:
                         f"rollout engine {self.name!r}: {last_error}; waiting up to "
                         f"{self.failure_timeout:g} s (--engine-failure-timeout) for it to recover"
                     )
-                self._wait_until_healthy(first_failure, last_error)
+                try:
+                    self._wait_until_healthy(first_failure, last_error)
+                except EngineGoneError as gone:  # a health check found the process exited
+                    raise self._gone(gone, what, first_failure) from None
                 continue
             if first_failure is not None:
                 log.warning(
@@ -216,10 +214,29 @@ class EngineClient:
                 )
             return result
 
+    def _gone(self, error: EngineGoneError, what: str, start: float) -> EngineDeadError:
+        """The `EngineDeadError` (gone=True) for an engine that cannot come back, failing since `start`."""
+        return EngineDeadError(
+            self.name, self._clock() - start, self.failure_timeout,
+            f"{error} (during {what}; it cannot come back)", self.log_tail(LOG_TAIL_LINES), gone=True,
+        )  # fmt: skip
+
+    def _probe(self) -> EngineHealth:
+        """`health()`, except that an `EngineGoneError` is raised: a gone engine is not waited for."""
+        try:
+            return self.engine.health()
+        except EngineGoneError:
+            raise
+        except Exception as e:  # a health check reports, it does not raise
+            return EngineHealth(ok=False, weight_version=-1, memory_released=False, detail=_describe(e))
+
     def _wait_until_healthy(self, first_failure: float, call_error: str) -> None:
-        """Poll `health()` until ok; raise `EngineDeadError` once `failure_timeout` has passed.
+        """Poll the engine's health until ok; raise `EngineDeadError` once `failure_timeout` has passed.
 
         The last wait ends exactly at the timeout; a not-ok health check after it raises at once.
+
+        Raises:
+            EngineGoneError: a health check found that the engine cannot come back (its process exited).
         """
         health_note = ""
         while True:
@@ -228,7 +245,7 @@ class EngineClient:
                 break
             last_wait = remaining <= self.poll_interval
             self._sleep(min(self.poll_interval, remaining))
-            status = self.health()
+            status = self._probe()
             if status.ok:
                 return
             health_note = f"; health: not ok ({status.detail or 'no detail'})"

@@ -334,11 +334,17 @@ class HttpEngine:
                 raise failed from None
 
     def health(self) -> EngineHealth:
-        """ok when every engine answers `/health_generate`; the detail names the first that does not."""
+        """ok when every engine answers `/health_generate`; the detail names the first that does not.
+
+        Raises:
+            EngineGoneError: a process of the fleet grpolab launched has exited (it cannot come back).
+        """
         try:
             if self._stopped:
                 raise RuntimeError(f"the engines were stopped: {self._stopped}")
             self.check_health()
+        except EngineGoneError:
+            raise  # a launched process that exited: EngineClient stops waiting for it
         except RuntimeError as e:
             return EngineHealth(
                 ok=False, weight_version=-1, memory_released=self.memory_released, detail=str(e)
