@@ -70,19 +70,20 @@ def phase_spans(frame: pd.DataFrame) -> pd.DataFrame:
         end, step = rec.get("time"), rec.get("perf/step_time")
         if pd.isna(end) or pd.isna(step):
             continue
-        start = cursor = float(end) - float(step)
+        start = float(end) - float(step)
         for phase in BEFORE_STEP:
             seconds = rec.get(f"perf/{phase}_time")
             if seconds is not None and not pd.isna(seconds):
                 rows.append(_span(rollout_id, phase, start - seconds, seconds))
+        covered = 0.0  # summed as durations: unix times (~1.8e9 s) would round each sum to ~2.4e-7 s
         for phase in order:
             seconds = rec.get(f"perf/{phase}_time")
             if seconds is None or pd.isna(seconds):
                 continue
-            rows.append(_span(rollout_id, phase, cursor, float(seconds)))
-            cursor += float(seconds)
-        if float(end) - cursor > 0:
-            rows.append(_span(rollout_id, "other", cursor, float(end) - cursor))
+            rows.append(_span(rollout_id, phase, start + covered, float(seconds)))
+            covered += float(seconds)
+        if float(step) - covered > 0:
+            rows.append(_span(rollout_id, "other", start + covered, float(step) - covered))
     return pd.DataFrame(rows, columns=columns)
 
 
