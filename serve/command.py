@@ -144,7 +144,15 @@ def run_server(state: ServerState, sock: socket.socket) -> None:
             await super().startup(sockets=sockets)
             print(f"grpolab serve: listening on http://{host}:{port}", flush=True)
 
-    config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, timeout_keep_alive=30)
+    config = uvicorn.Config(
+        build_app(state),
+        http="httptools",  # C parser: h11's pure-Python one cost ~1 ms a request (a rollout is 64)
+        loop="asyncio" if sys.platform == "win32" else "uvloop",
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=30,
+        proxy_headers=False,  # nothing in front sets X-Forwarded-*: the router connects from 127.0.0.1
+    )
     AnnouncingServer(config).run(sockets=[sock])
 
 
