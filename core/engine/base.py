@@ -17,9 +17,10 @@ processes an engine launched, when the run ends however it ends).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # annotations only: `grpolab serve --help` and the CLI parser import this module
+    import torch
 
 FinishReason = Literal["stop", "length"]
 
