@@ -37,10 +37,10 @@ class ModelConfig:
     here, so a GPU run's run.json reads back on any machine."""
 
     def __post_init__(self) -> None:
-        from grpolab.core.dtypes import parse_dtype
+        from grpolab.core.dtypes import check_dtype  # no torch: a flag error answers before it loads
 
-        parse_dtype(self.rollout_dtype, "--rollout-dtype")  # ValueError lists the valid names
-        parse_dtype(self.train_dtype, "--train-dtype")
+        check_dtype(self.rollout_dtype, "--rollout-dtype")  # ValueError lists the valid names
+        check_dtype(self.train_dtype, "--train-dtype")
         require(
             self.device.split(":")[0] in ("cpu", "cuda"),
             f"--device must be cpu or cuda[:N], got {self.device!r}",

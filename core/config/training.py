@@ -9,6 +9,13 @@ from dataclasses import dataclass
 
 from grpolab.core.config.validation import require
 
+BUILTIN_ADVANTAGE_ESTIMATORS = ("grpo",)
+"""The names core/algorithms.py registers in ADVANTAGE_ESTIMATORS (a test checks they are equal): a built-in
+name is accepted without importing core/algorithms.py, which imports torch (a flag error of `grpolab
+train` answers before torch loads); any other name is looked up in the registry itself."""
+BUILTIN_KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+"""The names core/algorithms.py registers in KL_ESTIMATORS (as BUILTIN_ADVANTAGE_ESTIMATORS)."""
+
 
 @dataclass(kw_only=True)
 class AlgorithmConfig:
@@ -48,9 +55,10 @@ class AlgorithmConfig:
     """Token mean over the optimizer window instead of the sample mean."""
 
     def __post_init__(self) -> None:
-        from grpolab.core.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
+        if self.advantage_estimator not in BUILTIN_ADVANTAGE_ESTIMATORS:
+            from grpolab.core.algorithms import ADVANTAGE_ESTIMATORS
 
-        ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)  # ValueError names the flag and lists the names
+            ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)  # ValueError names the flag, lists the names
         require(self.eps_clip > 0, f"--eps-clip must be > 0, got {self.eps_clip}")
         if self.eps_clip_high is None:
             self.eps_clip_high = self.eps_clip
@@ -58,7 +66,10 @@ class AlgorithmConfig:
         require(
             self.eps_clip_c is None or self.eps_clip_c > 1, f"--eps-clip-c must be > 1, got {self.eps_clip_c}"
         )
-        KL_ESTIMATORS.get(self.kl_loss_type)
+        if self.kl_loss_type not in BUILTIN_KL_ESTIMATORS:
+            from grpolab.core.algorithms import KL_ESTIMATORS
+
+            KL_ESTIMATORS.get(self.kl_loss_type)
         require(self.kl_loss_coef >= 0, f"--kl-loss-coef must be >= 0, got {self.kl_loss_coef}")
         require(
             0 <= self.tis_clip_low < self.tis_clip,

@@ -25,9 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TypeVar
-
-import torch
+from typing import TYPE_CHECKING, TypeVar
 
 from grpolab.core.engine.base import (
     EngineHealth,
@@ -36,6 +34,9 @@ from grpolab.core.engine.base import (
     RolloutEngine,
     SamplingParams,
 )
+
+if TYPE_CHECKING:  # annotations only: preflight reaches this module through the engine factory
+    import torch
 
 log = logging.getLogger("grpolab")
 

@@ -224,6 +224,24 @@ def test_the_names_in_the_help_are_the_registries() -> None:
         assert f"dtype: {' | '.join(DTYPES)} (" in help_of[flag]
 
 
+def test_the_configs_builtin_names_are_the_registries() -> None:
+    """The config accepts these without importing core/algorithms.py (torch); they must be its names."""
+    from grpolab.core.config.training import BUILTIN_ADVANTAGE_ESTIMATORS, BUILTIN_KL_ESTIMATORS
+
+    assert sorted(BUILTIN_ADVANTAGE_ESTIMATORS) == ADVANTAGE_ESTIMATORS.names()
+    assert sorted(BUILTIN_KL_ESTIMATORS) == KL_ESTIMATORS.names()
+
+
+def test_parse_dtype_maps_every_name_to_the_torch_dtype() -> None:
+    import torch
+
+    from grpolab.core.dtypes import parse_dtype
+
+    assert [parse_dtype(name, "--train-dtype") for name in DTYPES] == [torch.float32, torch.bfloat16]
+    with pytest.raises(ValueError, match="--train-dtype must be one of float32, bfloat16, got 'float16'"):
+        parse_dtype("float16", "--train-dtype")
+
+
 def test_a_gpu_runs_config_reads_back_on_this_machine() -> None:
     """run.json of a CUDA run parses anywhere: the device is checked when `grpolab train` starts."""
     data = parse().to_dict()
