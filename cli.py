@@ -89,6 +89,8 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
         subcommand_parser(parser, "train").error(str(e))  # usage: grpolab train …, exit 2
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
         return launch_torchrun(args.nproc_per_node, argv)
+    if os.environ.get("RANK", "0") == "0":  # one line per run, not per torchrun rank
+        print("importing torch and transformers ...", flush=True)  # seconds before the run's first line
     from grpolab.checkers.errors import CheckFailure
     from grpolab.core.loop import train
 

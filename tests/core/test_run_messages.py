@@ -36,9 +36,10 @@ def test_summary_lines_count_rollouts_time_and_reward() -> None:
 
 
 def test_a_piped_run_says_what_it_loads_each_rollout_and_where_it_is(tmp_path: Path) -> None:
-    """stdout is a pipe (not a terminal): the loading lines come first, then one `[k/N]` row per
-    rollout, then the summary; console.log has the same lines; every rank's last heartbeat is phase
-    finished (what `grpolab diagnose hang` reads as a rank that left normally)."""
+    """stdout is a pipe (not a terminal): the import line and the loading lines come first, then one
+    `[k/N]` row per rollout, then the summary; console.log has the same lines (not the import line,
+    printed before the run directory exists); every rank's last heartbeat is phase finished (what
+    `grpolab diagnose hang` reads as a rank that left normally)."""
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "grpolab", "train", *SHORT, "--run-dir", str(run_dir)],
@@ -58,7 +59,8 @@ def test_a_piped_run_says_what_it_loads_each_rollout_and_where_it_is(tmp_path: P
         "building the rollout engine: torch, float32 on cpu",
         "building the trainer: float32 on cpu",
     ]
-    assert lines[:4] == expected_start, lines[:6]
+    assert lines[0] == "importing torch and transformers ..."  # before the slow imports; not in console.log
+    assert lines[1:5] == expected_start, lines[:6]
     progress = [line for line in lines if line.startswith("[")]
     assert [p.split(" ", 1)[0] for p in progress] == ["[1/2]", "[2/2]"]
     rewards = [json.loads(r)["metrics"]["rollout/raw_reward"] for r in _records(run_dir, "rollout")]
