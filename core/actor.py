@@ -39,7 +39,7 @@ class LogProbs:
 
 
 class Actor:
-    """Policy + reference model and optimizer, colocated with the engine.
+    """Policy (+ frozen reference) model and optimizer, colocated with the engine.
 
     Args:
         checkpoint: `--hf-checkpoint`.
@@ -47,6 +47,8 @@ class Actor:
         optimizer: batching and AdamW settings; algorithm: loss settings.
         temperature: `--rollout-temperature`, applied to trainer logits the same way the engine did.
         build_optimizer: False for `--debug-disable-optimizer` style runs (forward/backward only).
+        with_reference: False builds no reference copy (saves one model of memory) for runs that
+            never read reference log-probs (core/train_phase.reference_needed).
         padding_side: how micro-batches are padded (results do not depend on it).
         dist_ctx: multi-rank runs: the policy is FSDP2-sharded, each rank trains on its share of
             every optimizer window, denominators are global counts and metrics are summed over ranks.
@@ -64,11 +66,12 @@ class Actor:
         build_optimizer: bool = True,
         padding_side: str = "right",
         dist_ctx: DistContext | None = None,
+        with_reference: bool = True,
     ) -> None:
         self.device = torch.device(device)
         self.dist = dist_ctx or DistContext()
         self.model = load_causal_lm(checkpoint, dtype=dtype, device=self.device)
-        self.ref_model = copy.deepcopy(self.model).requires_grad_(False)
+        self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if with_reference else None
         if self.dist.distributed:
             shard_model(
                 self.model, self.dist, device
@@ -157,8 +160,13 @@ class Actor:
 
         Micro-batches follow `--micro-batch-size` in sample order, the same split `train` uses, so
         before the first optimizer step the policy's values here equal the training forward's bitwise.
+
+        Raises:
+            RuntimeError: `reference` on an actor built with `with_reference=False`.
         """
         model = self.ref_model if reference else self.model
+        if model is None:
+            raise RuntimeError("reference log-probs asked of an Actor built without a reference model")
         out_lp: list[torch.Tensor] = []
         out_ent: list[torch.Tensor] = []
         for chunk in self._micro_batches(samples):
@@ -323,7 +331,7 @@ class Actor:
 
     # ------------------------------------------------------------------ colocation
     def offload(self) -> None:
-        """Move weights, reference and optimizer state to CPU (a no-op move on CPU runs)."""
+        """Move weights, reference (if built) and optimizer state to CPU (a no-op move on CPU runs)."""
         self._move(torch.device("cpu"))
         self.offloaded = True
 
@@ -334,7 +342,8 @@ class Actor:
 
     def _move(self, device: torch.device) -> None:
         self.model.to(device)
-        self.ref_model.to(device)
+        if self.ref_model is not None:
+            self.ref_model.to(device)
         if self.optimizer is not None:
             for state in self.optimizer.state.values():
                 for k, v in state.items():

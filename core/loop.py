@@ -25,7 +25,6 @@ from pathlib import Path
 from grpolab.checkers.faults import FaultAction, FaultInjector, parse_fault_actions
 from grpolab.checkers.harness import CheckHarness
 from grpolab.core import checkpoint
-from grpolab.core.actor import LogProbs
 from grpolab.core.batch import Sample
 from grpolab.core.central_rollout import join_weight_sync, joins_engine_of_rank_zero
 from grpolab.core.config import Config
@@ -33,12 +32,13 @@ from grpolab.core.dist import DistContext, all_gather_objects, shutdown
 from grpolab.core.engine.base import Stoppable, capability
 from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
-from grpolab.core.metrics import PhaseTimer, RunSummary, rollout_metrics
+from grpolab.core.metrics import PhaseTimer, RunSummary
 from grpolab.core.preflight import check_inputs
 from grpolab.core.rollout import check_recordings, planned_rollout_ids
 from grpolab.core.run_end import close_engine, end_run_with_error
 from grpolab.core.startup import build_parts, open_run, resume
 from grpolab.core.step_report import StepReporter
+from grpolab.core.train_phase import TrainPhase
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
 from grpolab.monitor import open_monitor
@@ -91,6 +91,18 @@ class GRPORun:
         # wandb / TensorBoard / --custom-rollout-log-function-path (rank 0); closed by run_dir.finish
         self.monitor = open_monitor(config, run_dir, primary=self.dist.is_primary)
         self.reporter = StepReporter(run_dir, self.monitor, self.timer, config.rollout.num_rollout, summary)
+        self.train_phase = TrainPhase(  # log-probs, the rollout line, the optimizer steps (train_phase.py)
+            config,
+            self.actor,
+            harness=self.harness,
+            faults=self.faults,
+            reporter=self.reporter,
+            timer=self.timer,
+            colocation=self.colocation,
+            run_dir=run_dir,
+            dist=self.dist,
+            gather=self._gather,
+        )
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -204,8 +216,7 @@ class GRPORun:
         samples = self.producer.rewards(rollout_id, samples)
         self.producer.advantages(samples)
         everyone = self._record(rollout_id, samples)  # the whole rollout, for metrics, checks and recordings
-        line, old, ref = self._log_probs(rollout_id, samples, everyone)
-        steps = self._train(rollout_id, samples, old, ref)
+        line, steps = self.train_phase.run(rollout_id, samples, everyone)  # log-probs, rollout line, train
         self.profiling.after_train(rollout_id)  # --record-memory-history: the snapshot after rollout N-1
         self.state.next_rollout_id = rollout_id + 1
         self._save(rollout_id)
@@ -234,56 +245,6 @@ class GRPORun:
                 )
             self.run_dir.event("rollout_recorded", rollout_id=rollout_id, path=str(path), bytes=size)
         return everyone
-
-    def _log_probs(
-        self, rollout_id: int, samples: list[Sample], everyone: list[Sample]
-    ) -> tuple[dict[str, float], LogProbs | None, LogProbs | None]:
-        """The trainer's and the reference's log-probs of this rank's samples (None without a trainer),
-        and the `rollout N:` line over the whole rollout, checked by the log-prob checker."""
-        old = ref = None
-        if self.actor is not None:
-            self.colocation.before_train()
-            self.run_dir.heartbeat("train", rollout_id)
-            with self.timer("log_probs"):
-                old = self.actor.compute_log_probs(samples, with_entropy=True)
-            with self.timer("ref_log_probs"):
-                ref = self.actor.compute_log_probs(samples, reference=True)
-        if old is None or ref is None:
-            line = rollout_metrics(
-                everyone, log_probs=None, ref_log_probs=None, entropy=None, rollout_id=rollout_id
-            )
-            self.reporter.emit("rollout", rollout_id, line, samples=everyone)
-            return line, None, None
-        all_old, all_ref = self._gather(old.log_probs), self._gather(ref.log_probs)
-        all_entropy = self._gather(old.entropy or [])
-        line = rollout_metrics(
-            everyone, log_probs=all_old, ref_log_probs=all_ref, entropy=all_entropy, rollout_id=rollout_id
-        )
-        self.reporter.emit("rollout", rollout_id, line, samples=everyone)
-        self.harness.after_rollout_line(rollout_id, line, everyone, all_old, all_ref)
-        return line, old, ref
-
-    def _train(
-        self, rollout_id: int, samples: list[Sample], old: LogProbs | None, ref: LogProbs | None
-    ) -> list[dict[str, float]]:
-        """The optimizer steps on this rank's samples, one `step N:` line each (none without a trainer)."""
-        if self.actor is None or old is None or ref is None:
-            return []
-        self.faults.maybe_fire("train", rollout_id)
-        self.faults.maybe_fire("before_allreduce", rollout_id)  # the first backward reduces gradients
-        with self.timer("actor_train"):
-            steps = self.actor.train(
-                samples,
-                old.log_probs,
-                ref.log_probs,
-                step_offset=rollout_id * self.cfg.steps_per_rollout,
-                apply_update=not self.cfg.debug.debug_disable_optimizer,
-                after_step=self.harness.step_hasher(self.actor, world_size=self.dist.world_size),
-            )
-        for step_in_rollout, step_metrics in enumerate(steps):
-            self.reporter.emit("step", int(step_metrics["train/step"]), step_metrics, rollout_id=rollout_id)
-            self.harness.after_step(rollout_id, step_in_rollout, step_metrics)
-        return steps
 
     def _save(self, rollout_id: int) -> None:
         """`--save`: a checkpoint after the last rollout and every `--save-interval` rollouts."""

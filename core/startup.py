@@ -33,6 +33,7 @@ from grpolab.core.metrics import PhaseTimer
 from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
 from grpolab.core.rollout import RolloutProducer
 from grpolab.core.seeding import seed_everything
+from grpolab.core.train_phase import reference_needed
 from grpolab.replay.recording import chat_template_hash, tokenizer_fingerprint
 from grpolab.replay.replayer import RolloutRecorder, RunIdentity
 from grpolab.rundir.reader import read_run_meta
@@ -215,6 +216,7 @@ def _build_actor(cfg: Config, dist: DistContext) -> Actor:
         temperature=cfg.rollout.rollout_temperature,
         build_optimizer=not cfg.debug.debug_disable_optimizer,
         dist_ctx=dist,
+        with_reference=reference_needed(cfg),  # no reference model when nothing reads it
     )
 
 
