@@ -1,0 +1,57 @@
+"""Start-up: help, flag errors and the commands that do not train never import torch or transformers.
+
+Importing them costs 1-7 s on the 2-core CI machine (issue 12's goal: these answer in <= 1.5 s wall;
+benchmarks/bench_cli_startup.py measures the time, this test only what is imported). Each case runs in
+its own interpreter, since `sys.modules` of the test process already holds torch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE_LOG = REPO / "tests" / "diagnose" / "fixtures" / "killed_engine_run" / "console.log"
+
+PROBE = """
+import json, sys
+from grpolab.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+"""
+
+CASES: list[tuple[list[str], int]] = [
+    (["--help"], 0),
+    (["gate", "--help"], 0),
+    (["diagnose", "log", "--help"], 0),
+    (["hash", "diff", "--help"], 0),
+    (["replay", "inspect", "--help"], 0),
+    (["diff", "--help"], 0),
+    (["bisect", "--help"], 0),
+    (["serve", "--help"], 0),
+    (["train", "--num-rollout", "x"], 2),  # argparse type error
+    (["train", "--rollout-dtype", "float16"], 2),  # the config's checks
+    (["train", "--kl-loss-type", "k3", "--advantage-estimator", "grpo", "--num-rollout", "0"], 2),
+    (["train", "--hf-checkpoint", "/nonexistent/model"], 2),  # preflight: files, reward, engine kind
+    (["train", "--rm-type", "no_such_reward"], 2),
+    (["gate", str(FIXTURE_LOG)], 0),  # real work: the step-0 checks of a console log
+    (["diagnose", "log", str(FIXTURE_LOG)], 1),  # real work: the log doctor finds the dead engine
+]
+
+
+@pytest.mark.parametrize(("argv", "code"), CASES, ids=[" ".join(a[:3]) for a, _ in CASES])
+def test_the_command_imports_no_torch_or_transformers(argv: list[str], code: int, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["code"] == code, proc.stderr
+    assert result["heavy"] == [], f"grpolab {' '.join(argv)} imported {result['heavy']}"
