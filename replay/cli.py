@@ -15,10 +15,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import numpy as np
-
-from grpolab.replay.format import MAGIC, RecordingError
-
 if TYPE_CHECKING:
     from grpolab.replay.logprobs import LogprobsResult
     from grpolab.replay.recording import RolloutRecording
@@ -75,6 +71,8 @@ def run_replay_command(
     args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
     """Run `replay convert` / `replay inspect`; returns 0, or 2 after printing the error to stderr."""
+    from grpolab.replay.format import RecordingError  # NumPy: only when a replay command runs, not for --help
+
     out = out or sys.stdout
     err = err or sys.stderr
     try:
@@ -138,6 +136,9 @@ def print_gap_summary(result: LogprobsResult, path: Path, run_dir: str | Path, *
 
 
 def _load_any(path: Path, reward_key: str | None) -> RolloutRecording:
+    import numpy as np
+
+    from grpolab.replay.format import MAGIC, RecordingError
     from grpolab.replay.miles_import import load_miles_pt, miles_samples
     from grpolab.replay.recording import RolloutRecording, load_rollout
 
@@ -175,6 +176,8 @@ def _run_line(rec: RolloutRecording) -> str:
 
 
 def _stats(values: list[float]) -> str:
+    import numpy as np
+
     if not values:
         return "n/a"
     a = np.asarray(values, dtype=np.float64)
