@@ -186,29 +186,45 @@ class Actor:
     def train(
         self,
         samples: list[Sample],
-        old: list[torch.Tensor],
+        old: list[torch.Tensor] | None,
         ref: list[torch.Tensor] | None,
         *,
         step_offset: int,
         apply_update: bool = True,
         after_step: Callable[[int], None] | None = None,
+        forward: LogProbs | None = None,
     ) -> list[dict[str, float]]:
         """Run the optimizer steps of one rollout; return one `train/*` metrics dict per step.
 
         Args:
             samples: the rollout's samples, in order; consecutive windows of `--global-batch-size`.
-            old: per-sample float32 [R] log-probs before training (the PPO "old" policy).
+            old: per-sample float32 [R] log-probs before training (the PPO "old" policy), or None:
+                the training forward's own, detached (needs `forward`). They are the values
+                `compute_log_probs` gives only before the first update, so None needs one optimizer window.
             ref: per-sample reference log-probs (needed with `--use-kl-loss`), else None.
             step_offset: `train/step` of the first window (rollout_id × steps_per_rollout).
             apply_update: False skips the optimizer step (forward/backward still run).
             after_step: called with `train/step` after each optimizer step (--save-model-hash-every-step).
+            forward: when given, its lists receive the training forward's per-sample float32 [R]
+                log-probs and entropies on CPU, in sample order (what `compute_log_probs(samples,
+                with_entropy=True)` returns before the update).
+
+        Raises:
+            ValueError: `old` is None without `forward`, or the samples span several optimizer windows.
+            NonFiniteError: see `_optimizer_step`.
         """
         local = self.local_batch_size
+        if old is None and (forward is None or len(samples) > local):
+            raise ValueError(
+                "old log-probs from the training forward need `forward` and one optimizer window "
+                f"({len(samples)} samples, {local} per window on this rank)"
+            )
         metrics = []
         self.model.train()
         for step_id, start in enumerate(range(0, len(samples), local)):
             window = list(range(start, min(start + local, len(samples))))
-            metrics.append(self._train_window(samples, window, old, ref, step_offset + step_id, apply_update))
+            step = step_offset + step_id
+            metrics.append(self._train_window(samples, window, old, ref, step, apply_update, forward))
             if after_step is not None:
                 after_step(step_offset + step_id)
         self.model.eval()
@@ -218,10 +234,11 @@ class Actor:
         self,
         samples: list[Sample],
         window: list[int],
-        old: list[torch.Tensor],
+        old: list[torch.Tensor] | None,
         ref: list[torch.Tensor] | None,
         step: int,
         apply_update: bool,
+        forward: LogProbs | None,
     ) -> dict[str, float]:
         """Forward/backward every micro-batch of one optimizer window, then one optimizer step."""
         algo = self.algo
@@ -237,9 +254,15 @@ class Actor:
             chunk_samples = [samples[i] for i in chunk]
             mb = self._collate(chunk_samples)
             mask_BL = mb.scatter([s.loss_mask for s in chunk_samples]) > 0
-            per_token = self._token_terms(
-                mb, chunk_samples, [old[i] for i in chunk], None if ref is None else [ref[i] for i in chunk]
-            )
+            log_probs_BL, entropy_BL = self._forward(self.model, mb, with_entropy=True)
+            assert entropy_BL is not None
+            if forward is not None:  # gathered as compute_log_probs does, so equal values compare equal
+                forward.log_probs += [t.cpu() for t in mb.gather(log_probs_BL.detach())]
+                assert forward.entropy is not None
+                forward.entropy += [t.cpu() for t in mb.gather(entropy_BL.detach())]
+            chunk_old = forward.log_probs[-len(chunk) :] if old is None else [old[i] for i in chunk]
+            chunk_ref = None if ref is None else [ref[i] for i in chunk]
+            per_token = self._token_terms(mb, chunk_samples, (log_probs_BL, entropy_BL), chunk_old, chunk_ref)
             reduced = {
                 k: algorithms.aggregate_loss(v, mask_BL, mode=mode, denominator=denominator)
                 for k, v in per_token.items()
@@ -257,21 +280,22 @@ class Actor:
         self,
         mb: MicroBatch,
         chunk: list[Sample],
+        current: tuple[torch.Tensor, torch.Tensor],
         old: list[torch.Tensor],
         ref: list[torch.Tensor] | None,
     ) -> dict[str, torch.Tensor]:
         """The per-token [B, L] float32 loss terms and metrics of one micro-batch, by metric name.
 
-        Runs the training forward (with entropy). `train/pg_loss` (× TIS weights with `--use-tis`),
-        `train/entropy_loss` and `train/kl_loss` (with `--use-kl-loss`) carry the gradient; the
-        rest are metrics. `old`/`ref` hold the chunk's float32 [R] log-probs.
+        `current`: the training forward's log-probs and entropies [B, L] (with their graph).
+        `train/pg_loss` (× TIS weights with `--use-tis`), `train/entropy_loss` and `train/kl_loss`
+        (with `--use-kl-loss`) carry the gradient; the rest are metrics. `old`/`ref` hold the
+        chunk's float32 [R] log-probs.
         """
         algo = self.algo
         old_BL = mb.scatter(old)
         adv_BL = mb.scatter([torch.full_like(s.loss_mask, s.advantage) for s in chunk])
         rollout_BL = mb.scatter([s.rollout_log_probs for s in chunk])
-        log_probs_BL, entropy_BL = self._forward(self.model, mb, with_entropy=True)
-        assert entropy_BL is not None
+        log_probs_BL, entropy_BL = current
         pg_BL, clipfrac_BL, ppo_kl_BL = algorithms.policy_loss(
             log_probs_BL,
             old_BL,

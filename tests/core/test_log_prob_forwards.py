@@ -1,16 +1,20 @@
-"""Which log-prob forwards a step runs (core/train_phase.py): the reference forward only when read."""
+"""Which log-prob forwards a step runs (core/train_phase.py): the reference forward only when read,
+the old log-probs from the training forward when they are the same numbers."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
-from runs import metrics, train_short
+from runs import events, metrics, train_short
 
-from grpolab.core.actor import Actor
-from grpolab.core.config import AlgorithmConfig, CIConfig, Config, OptimizerConfig
-from grpolab.core.train_phase import reference_needed
+from grpolab.core import train_phase
+from grpolab.core.actor import Actor, LogProbs
+from grpolab.core.batch import Sample
+from grpolab.core.config import AlgorithmConfig, CIConfig, Config, OptimizerConfig, ProfilingConfig
+from grpolab.core.train_phase import reference_needed, same_log_probs, separate_forward_reason
 
 
 def _values(run_dir: Path) -> list[tuple[str, dict[str, float]]]:
@@ -63,3 +67,107 @@ def test_skipping_the_reference_changes_no_other_metric(tmp_path: Path) -> None:
     assert metrics(kept, "step")[0]["train/kl_loss"] == 0.0
     assert _values(skipped) == _values(kept)
     assert len(_values(skipped)) == 4  # 2 rollouts, one step each
+
+
+def _samples(n: int, vocab: int) -> list[Sample]:
+    """`n` samples of varied prompt and response lengths (random tokens; values need not be plausible)."""
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(0, vocab, (5 + i % 3,), generator=gen).tolist()
+        response = torch.randint(0, vocab, (4 + (2 * i) % 5,), generator=gen).tolist()
+        out.append(
+            Sample(
+                index=i,
+                prompt_index=i // 2,
+                group_index=i // 2,
+                sample_index=i % 2,
+                seed=i,
+                prompt_ids=prompt,
+                response_ids=response,
+                rollout_log_probs=torch.full((len(response),), -2.0),
+                loss_mask=torch.ones(len(response)),
+                finish_reason="length",
+                advantage=1.0 if i % 3 else -1.0,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("mbs", [1, 3, 6])
+def test_training_forward_log_probs_equal_the_separate_forward(tiny_model_dir: Path, mbs: int) -> None:
+    """One optimizer window: the training forward's detached log-probs and entropies are torch.equal to
+    compute_log_probs', and training on them gives the same step metrics and weights."""
+    runs = {}
+    for source in ("separate", "training_forward"):
+        torch.manual_seed(0)
+        actor = Actor(
+            str(tiny_model_dir),
+            dtype=torch.float32,
+            device="cpu",
+            optimizer=OptimizerConfig(micro_batch_size=mbs, global_batch_size=6, lr=1e-3),
+            algorithm=AlgorithmConfig(use_tis=True, entropy_coef=0.01),
+            temperature=0.7,
+            with_reference=False,
+        )
+        samples = _samples(6, actor.vocab_size)
+        separate = actor.compute_log_probs(samples, with_entropy=True) if source == "separate" else None
+        forward = LogProbs(log_probs=[], entropy=[])
+        old = None if separate is None else separate.log_probs
+        steps = actor.train(samples, old, None, step_offset=0, forward=forward)
+        runs[source] = (separate, forward, steps, [p.detach().clone() for p in actor.model.parameters()])
+    separate, forward_a, steps_a, weights_a = runs["separate"]
+    _, forward_b, steps_b, weights_b = runs["training_forward"]
+    assert (
+        separate is not None and same_log_probs(separate, forward_a) and same_log_probs(forward_a, forward_b)
+    )
+    assert steps_a == steps_b and steps_a[0]["train/ppo_kl"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(weights_a, weights_b))
+    assert all(float(e.sum()) > 0 for e in forward_b.entropy or [])  # real values, not zeros
+
+
+def test_training_forward_refuses_several_windows(tiny_model_dir: Path) -> None:
+    actor = Actor(
+        str(tiny_model_dir),
+        dtype=torch.float32,
+        device="cpu",
+        optimizer=OptimizerConfig(global_batch_size=2),
+        algorithm=AlgorithmConfig(),
+        temperature=1.0,
+        with_reference=False,
+    )
+    samples = _samples(4, actor.vocab_size)
+    with pytest.raises(ValueError, match="one optimizer window"):
+        actor.train(samples, None, None, step_offset=0, forward=LogProbs(log_probs=[], entropy=[]))
+
+
+def test_separate_forward_reasons(tiny_model_dir: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    assert separate_forward_reason(Config(), model, faults_planned=False) is None
+    several = Config(optimizer=OptimizerConfig(global_batch_size=16))  # 8 × 8 samples: 4 steps
+    assert "4 optimizer steps" in str(separate_forward_reason(several, model, faults_planned=False))
+    assert "--ci-test" in str(
+        separate_forward_reason(Config(ci=CIConfig(ci_test=True)), model, faults_planned=False)
+    )
+    assert "--ci-ft-test-actions" in str(separate_forward_reason(Config(), model, faults_planned=True))
+    profiled = Config(profiling=ProfilingConfig(use_pytorch_profiler=True, profile_target="train_log_probs"))
+    assert "train_log_probs" in str(separate_forward_reason(profiled, model, faults_planned=False))
+    dropped = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))
+    assert "drops out" in str(separate_forward_reason(Config(), dropped, faults_planned=False))
+
+
+def test_default_run_metrics_equal_the_separate_forward_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default run verifies at rollout 0, then takes the old log-probs from the training forward;
+    every rollout and step metric equals a run forced to the separate forward, bitwise."""
+    fused = train_short(tmp_path / "fused", "--num-rollout", "3")
+    assert [e["source"] for e in events(fused, "old_log_probs")] == ["training_forward"]
+    assert ["perf/log_probs_time" in m for m in metrics(fused, "perf")] == [True, False, False]
+    monkeypatch.setattr(train_phase, "separate_forward_reason", lambda *_, **__: "forced by the test")
+    separate = train_short(tmp_path / "separate", "--num-rollout", "3")
+    assert events(separate, "old_log_probs") == []
+    assert all("perf/log_probs_time" in m for m in metrics(separate, "perf"))
+    assert _values(fused) == _values(separate) and len(_values(fused)) == 6
+    lines = [json.loads(line)["kind"] for line in (fused / "metrics.jsonl").read_text().splitlines()]
+    assert [k for k in lines if k != "perf"] == ["rollout", "step"] * 3  # rollout line before its step

@@ -36,7 +36,8 @@ def test_train_overall_traces_exactly_rollout_1(tmp_path: Path) -> None:
     ranges = _ranges(traces[0])
     names = [e["name"] for e in ranges]
     assert [n for n in names if n.startswith("grpolab/rollout_step_")] == [STEP_RANGE.format(1)]
-    for phase in ("rollout", "log_probs", "actor_train", "update_weights"):  # no reference: nothing reads it
+    # no reference (nothing reads it); the old log-probs come from the training forward from rollout 1
+    for phase in ("rollout", "actor_train", "update_weights"):
         assert names.count(f"grpolab/{phase}") == 1, (phase, names)  # one rollout step's phases
     assert "grpolab/reward" in names  # rewards are timed in two parts (core/rollout.py)
     step = next(e for e in ranges if e["name"] == STEP_RANGE.format(1))
