@@ -58,9 +58,10 @@ def active_dropout(model: torch.nn.Module) -> list[str]:
     return found
 
 
-def separate_forward_reason(cfg: Config, model: torch.nn.Module, *, faults_planned: bool) -> str | None:
+def separate_forward_reason(cfg: Config, model: torch.nn.Module) -> str | None:
     """Why the old log-probs need a forward of their own, or None when the training forward's are the
-    same numbers (still verified once per process, see the module)."""
+    same numbers (still verified once per process, see the module). Every rank must decide the same
+    (the verification is a collective), so only the config and the model's own layers count."""
     steps, ci = cfg.steps_per_rollout, cfg.ci
     if steps != 1:
         gbs = cfg.optimizer.global_batch_size
@@ -69,7 +70,7 @@ def separate_forward_reason(cfg: Config, model: torch.nn.Module, *, faults_plann
         return "--ci-test checks them against the training forward (ppo_kl == 0) and before training"
     if cfg.profiling.use_pytorch_profiler and cfg.profiling.profile_target == "train_log_probs":
         return "--profile-target train_log_probs traces that forward"
-    if faults_planned:
+    if cfg.ci.ci_ft_test_actions:  # any rank's: a rank that decided alone would miss the others' collective
         return "--ci-ft-test-actions: a fault at `train` must find the rollout line written"
     dropout = active_dropout(model)
     if dropout:
@@ -110,11 +111,7 @@ class TrainPhase:
         self.reporter, self.timer, self.colocation = reporter, timer, colocation
         self.run_dir, self.dist, self.gather = run_dir, dist, gather
         self.reference = reference_needed(cfg)
-        self.reason = (
-            "no trainer"
-            if actor is None
-            else separate_forward_reason(cfg, actor.model, faults_planned=bool(faults.pending()))
-        )
+        self.reason = "no trainer" if actor is None else separate_forward_reason(cfg, actor.model)
         self.from_training_forward = False  # set once the first trained rollout verified it
         if actor is not None:
             ref = "computed" if self.reference else "skipped (nothing reads them)"

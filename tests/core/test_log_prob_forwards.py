@@ -143,17 +143,19 @@ def test_training_forward_refuses_several_windows(tiny_model_dir: Path) -> None:
 
 def test_separate_forward_reasons(tiny_model_dir: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
-    assert separate_forward_reason(Config(), model, faults_planned=False) is None
+    assert separate_forward_reason(Config(), model) is None
     several = Config(optimizer=OptimizerConfig(global_batch_size=16))  # 8 × 8 samples: 4 steps
-    assert "4 optimizer steps" in str(separate_forward_reason(several, model, faults_planned=False))
-    assert "--ci-test" in str(
-        separate_forward_reason(Config(ci=CIConfig(ci_test=True)), model, faults_planned=False)
+    assert "4 optimizer steps" in str(separate_forward_reason(several, model))
+    assert "--ci-test" in str(separate_forward_reason(Config(ci=CIConfig(ci_test=True)), model))
+    # actions for another rank count too: every rank must take the same path (the check is a collective)
+    faults = Config(
+        ci=CIConfig(ci_ft_test_actions='[{"at_rollout": 1, "action": "crash_before_allreduce", "rank": 1}]')
     )
-    assert "--ci-ft-test-actions" in str(separate_forward_reason(Config(), model, faults_planned=True))
+    assert "--ci-ft-test-actions" in str(separate_forward_reason(faults, model))
     profiled = Config(profiling=ProfilingConfig(use_pytorch_profiler=True, profile_target="train_log_probs"))
-    assert "train_log_probs" in str(separate_forward_reason(profiled, model, faults_planned=False))
+    assert "train_log_probs" in str(separate_forward_reason(profiled, model))
     dropped = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))
-    assert "drops out" in str(separate_forward_reason(Config(), dropped, faults_planned=False))
+    assert "drops out" in str(separate_forward_reason(Config(), dropped))
 
 
 def test_default_run_metrics_equal_the_separate_forward_run(
