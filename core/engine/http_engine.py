@@ -19,7 +19,7 @@ none) and calls `/update_weights_from_disk {model_path, weight_version}`; memory
 (`/continue_generation`), so one decode takes them all, as in-process. Every HTTP call has a timeout; a failure raises, and `client.EngineClient`
 retries until `--engine-failure-timeout`. A rollout more than `HEALTH_FRESH_S` after the last answered
 one (or after a failure) first needs every engine to pass `/health_generate` (Miles' health monitor); the
-/generate calls reuse kept-alive connections (`http_pool`); while requests run, an engine process of the fleet that
+/generate calls go out together over kept-alive connections (`http_pool`, libcurl); while requests run, an engine process of the fleet that
 exits fails the call at once instead of waiting for the request timeout, and since a launched process
 cannot come back, as `client.EngineGoneError`: the run fails at once, not after --engine-failure-timeout.
 No health, control or info call waits longer than --engine-failure-timeout, and while /generate
@@ -63,7 +63,7 @@ HEALTH_TIMEOUT_S = 20.0
 """Seconds `/health_generate` or `/server_info` may take, at most --engine-failure-timeout: SGLang's own
 SGLANG_HEALTH_CHECK_TIMEOUT (20 s)."""
 MAX_IN_FLIGHT = 256
-"""Concurrent /generate requests (the kept-alive pool's threads, kept between rollouts; the in-process
+"""Concurrent /generate requests (the kept-alive pool's connections, kept between rollouts; the in-process
 engine's max batch is 256 too)."""
 HEALTH_FRESH_S = 30.0
 """Seconds after a rollout's last answer during which the next rollout skips `/health_generate` (Miles'
@@ -193,8 +193,9 @@ class HttpEngine:
         return self.engine_urls[next(self._round_robin) % len(self.engine_urls)]
 
     def _send_all(self, targets: list[str], bodies: list[dict]) -> list[object]:
-        """POST every body (the kept-alive pool's threads); fail at the first error or when a fleet process
-        exits. A failed rollout drops the pool: its calls still in flight must not delay the retry's."""
+        """POST every body (all in flight at once through the kept-alive pool); fail at the first error or
+        when a fleet process exits. A failed rollout drops the pool: its calls still in flight must not
+        delay the retry's."""
         pool = self._requests
         if pool is None or pool.closed:
             pool = self._requests = KeepAlivePool(MAX_IN_FLIGHT)

@@ -1,37 +1,62 @@
-"""JSON-over-HTTP calls from a pool of worker threads, each keeping its HTTP/1.1 connections alive.
+"""JSON-over-HTTP calls through libcurl's multi interface (pycurl): many calls in flight, one thread.
 
-`http_calls.call_json` opens a new TCP connection per call (urllib), and `HttpEngine` used to start a
-new thread per request for every rollout: for the tiny model's 64 requests of ~0.15 s of decoding
-that cost ~35 ms before the engine held them all. `KeepAlivePool` keeps its threads between
-rollouts, and each thread one `http.client.HTTPConnection` per host (the router; the engines for
-sampling-mask requests), reused from call to call. The errors are `call_json`'s: HTTP 400 raises
-`EngineRequestError` (the answer quoted), any other error status or a connection that failed raises
-`HttpCallError`, a timeout says "timed out after T s". A kept-alive connection the peer has closed in
-the meantime (idle timeout; an HTTP/1.0 server closes after each answer) fails before any answer
-arrives: the call is sent once more on a new connection, as urllib3 does; a fresh connection is
-never retried.
+A rollout sends one `/generate` per sample (64 in the default run) and waits for all of them. With a
+thread per call (`http.client`), each call cost ~0.25 ms of Python under the GIL (header formatting,
+two `sendall`s, `email`-based header parsing); 64 round trips to an instant server took 16-19 ms, with
+libcurl 5-11 ms, and the default run's rollout through the router and 1 engine went from 1.35-1.58x
+to 1.19-1.31x the in-process one in the same runs (benchmarks/bench_http_engine.py). libcurl keeps the
+connections alive in the multi handle's cache (one per call in flight, reused from call to call),
+resends a call once on a fresh connection when a kept-alive one turns out closed by the peer, and
+parses the answers in C. One thread drives every transfer (`CurlMulti.socket_action` on the sockets
+libcurl asks to watch, through `selectors`); callers get `concurrent.futures.Future`s.
+
+The errors are `call_json`'s: HTTP 400 raises `EngineRequestError` (the answer quoted), any other
+error status or a call that got no answer raises `HttpCallError` (the OS error, e.g. "Connection
+refused", or "timed out after T s" with `timed_out` set).
 """
 
 from __future__ import annotations
 
-import http.client
+import io
 import json
-import socket
+import os
+import queue
+import selectors
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+import pycurl
 
 from grpolab.core.engine.http_calls import HttpCallError, decode_answer
 
-_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
-"""What a reused connection the peer closed while it idled raises before any answer arrives."""
+_EVENTS = {
+    pycurl.POLL_IN: selectors.EVENT_READ,
+    pycurl.POLL_OUT: selectors.EVENT_WRITE,
+    pycurl.POLL_INOUT: selectors.EVENT_READ | selectors.EVENT_WRITE,
+}
+"""libcurl's "watch this socket for" -> the selector's events."""
+
+
+@dataclass
+class _Call:
+    """One queued or running call: what to send, where its answer goes, and the future to settle."""
+
+    method: str
+    url: str
+    data: bytes | None
+    timeout: float
+    future: Future
+    answer: io.BytesIO
 
 
 class KeepAlivePool:
-    """Worker threads sending JSON calls over kept-alive connections (one per thread and host).
+    """Concurrent JSON calls over kept-alive connections, driven by one libcurl multi handle.
 
     Args:
-        max_workers: the most calls in flight at once (threads, started as calls need them); >= 1.
+        max_workers: the most calls in flight at once (connections; more calls wait their turn); >= 1.
 
     Raises:
         ValueError: `max_workers` < 1.
@@ -40,11 +65,22 @@ class KeepAlivePool:
     def __init__(self, max_workers: int) -> None:
         if max_workers < 1:
             raise ValueError(f"KeepAlivePool needs max_workers >= 1, got {max_workers}")
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="http-pool")
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._connections: list[http.client.HTTPConnection] = []
         self.closed = False
+        self._lock = threading.Lock()  # submit vs close: no call is queued after the pool drained its queue
+        self._queue: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._deadline: float | None = None  # libcurl's next timeout (monotonic seconds)
+        self._multi = pycurl.CurlMulti()
+        self._multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, max_workers)
+        self._multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
+        self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
+        self._running: dict[pycurl.Curl, _Call] = {}
+        self._spare: list[pycurl.Curl] = []
+        self._thread = threading.Thread(target=self._loop, name="http-pool", daemon=True)
+        self._thread.start()
 
     def submit(self, method: str, url: str, body: object | None, *, timeout: float) -> Future:
         """Queue one call; its future holds the decoded JSON answer (None when empty or not JSON).
@@ -53,72 +89,174 @@ class KeepAlivePool:
             method: "GET", "POST", ...
             url: "http://HOST:PORT/path" (https is not supported: engines and router speak plain HTTP).
             body: sent as JSON (None: no body).
-            timeout: seconds for the connect and for each socket read of this call; > 0.
+            timeout: seconds the whole call may take (connect, send, answer); > 0.
 
-        The future raises `EngineRequestError` (HTTP 400) or `HttpCallError` (anything else).
-        """
-        return self._executor.submit(self.call, method, url, body, timeout=timeout)
-
-    def call(self, method: str, url: str, body: object | None, *, timeout: float) -> object:
-        """The call `submit` queues, made on this thread (its kept-alive connection to the host).
+        The future raises `EngineRequestError` (HTTP 400) or `HttpCallError` (anything else, also when
+        the pool is closed while the call waits or runs).
 
         Raises:
-            EngineRequestError: HTTP 400 (the answer quoted, at most `MAX_QUOTED` characters).
-            HttpCallError: another error status, or no answer (refused, reset, timed out).
             ValueError: a URL that is not http://HOST[:PORT]/...
+            RuntimeError: the pool was shut down (`close()`).
         """
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"KeepAlivePool calls http://HOST:PORT/... URLs, got {url!r}")
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
-        for attempt in (0, 1):
-            conn, reused = self._connection(parts.hostname, parts.port or 80, timeout)
-            try:
-                conn.request(method, path, body=data, headers=headers)
-                response = conn.getresponse()
-                status, raw = response.status, response.read()
-            except _STALE as e:
-                conn.close()
-                if reused and attempt == 0 and not self.closed:
-                    continue  # closed while idle: this call never reached the peer
-                raise HttpCallError(method, url, None, str(e)) from None
-            except TimeoutError:
-                conn.close()
-                raise HttpCallError(method, url, None, f"timed out after {timeout:g} s") from None
-            except (OSError, http.client.HTTPException) as e:
-                conn.close()
-                raise HttpCallError(method, url, None, str(e) or type(e).__name__) from None
-            return decode_answer(method, url, status, raw.decode(errors="replace"))
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        call = _Call(method, url, data, timeout, Future(), io.BytesIO())
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("KeepAlivePool: cannot submit a call after shutdown (close() was called)")
+            self._queue.put(call)
+            os.write(self._wake_w, b"\0")
+        return call.future
+
+    def call(self, method: str, url: str, body: object | None, *, timeout: float) -> object:
+        """`submit` and wait for the answer (from any thread but the pool's own).
+
+        Raises:
+            EngineRequestError: HTTP 400 (the answer quoted, at most `MAX_QUOTED` characters).
+            HttpCallError: another error status, or no answer (refused, reset, timed out).
+            ValueError / RuntimeError: as `submit`.
+        """
+        return self.submit(method, url, body, timeout=timeout).result()
 
     def close(self) -> None:
-        """Drop queued calls and end the connections (a call in flight fails); idempotent."""
-        self.closed = True
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Fail the calls waiting or in flight (`HttpCallError`), end the connections; idempotent."""
         with self._lock:
-            connections, self._connections = self._connections, []
-        for conn in connections:
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)  # wakes a worker blocked reading it
-                except OSError:
-                    pass
-            conn.close()
+            if self.closed:
+                return
+            self.closed = True
+            os.write(self._wake_w, b"\0")
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
 
-    def _connection(self, host: str, port: int, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
-        """This thread's connection to (host, port), with `timeout` set; True when it was used before."""
-        pool: dict[tuple[str, int], http.client.HTTPConnection] = self._local.__dict__.setdefault("conns", {})
-        conn = pool.get((host, port))
-        if conn is None:
-            conn = http.client.HTTPConnection(host, port, timeout=timeout)
-            pool[(host, port)] = conn
-            with self._lock:
-                self._connections.append(conn)
-        conn.timeout = timeout
-        reused = conn.sock is not None
-        if reused:
-            conn.sock.settimeout(timeout)
-        return conn, reused
+    # ------------------------------------------------------------------ the pool's thread
+    def _loop(self) -> None:
+        try:
+            while not self.closed:
+                self._start_queued()
+                timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+                for key, mask in self._selector.select(timeout):
+                    if key.fd == self._wake_r:
+                        _drain(self._wake_r)
+                        continue
+                    flags = (pycurl.CSELECT_IN if mask & selectors.EVENT_READ else 0) | (
+                        pycurl.CSELECT_OUT if mask & selectors.EVENT_WRITE else 0
+                    )
+                    self._multi.socket_action(key.fd, flags)
+                if self._deadline is not None and time.monotonic() >= self._deadline:
+                    self._deadline = None
+                    self._multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)
+                self._finish_done()
+        finally:
+            with self._lock:  # also when the loop itself failed: no call may wait on a dead thread
+                self.closed = True
+            self._shut_down()
+
+    def _start_queued(self) -> None:
+        while True:
+            try:
+                call = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if not call.future.set_running_or_notify_cancel():
+                continue
+            handle = self._spare.pop() if self._spare else pycurl.Curl()
+            _configure(handle, call)
+            self._running[handle] = call
+            self._multi.add_handle(handle)
+
+    def _finish_done(self) -> None:
+        while True:
+            queued, done, failed = self._multi.info_read()
+            for handle in done:
+                call = self._release(handle)
+                status = int(handle.getinfo(pycurl.RESPONSE_CODE))
+                text = call.answer.getvalue().decode(errors="replace")
+                try:
+                    call.future.set_result(decode_answer(call.method, call.url, status, text))
+                except Exception as e:  # EngineRequestError / HttpCallError of an error status
+                    call.future.set_exception(e)
+            for handle, code, message in failed:
+                call = self._release(handle)
+                call.future.set_exception(_no_answer(call, handle, code, message))
+            if not queued:
+                return
+
+    def _release(self, handle: pycurl.Curl) -> _Call:
+        self._multi.remove_handle(handle)
+        call = self._running.pop(handle)
+        self._spare.append(handle)
+        return call
+
+    def _shut_down(self) -> None:
+        message = "the HTTP pool was closed while the call waited or ran"
+        for handle, call in list(self._running.items()):
+            self._multi.remove_handle(handle)
+            call.future.set_exception(HttpCallError(call.method, call.url, None, message))
+        self._running.clear()
+        while True:
+            try:
+                call = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if call.future.set_running_or_notify_cancel():
+                call.future.set_exception(HttpCallError(call.method, call.url, None, message))
+        self._multi.close()
+        for handle in self._spare:
+            handle.close()
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # ------------------------------------------------------------------ libcurl's callbacks
+    def _on_socket(self, what: int, fd: int, multi: object, data: object) -> None:
+        """libcurl asks to watch `fd` for `what` (POLL_IN/OUT/INOUT) or to stop (POLL_REMOVE)."""
+        if what == pycurl.POLL_REMOVE:
+            try:
+                self._selector.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            return
+        events = _EVENTS[what]
+        try:
+            self._selector.modify(fd, events)
+        except KeyError:
+            self._selector.register(fd, events)
+
+    def _on_timer(self, timeout_ms: int) -> None:
+        """libcurl wants `socket_action(SOCKET_TIMEOUT)` in `timeout_ms` (-1: no timer)."""
+        self._deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+
+
+def _configure(handle: pycurl.Curl, call: _Call) -> None:
+    """Set `handle` up for `call` (a reused handle is reset first; its connection stays in the cache)."""
+    handle.reset()
+    handle.setopt(pycurl.URL, call.url)
+    handle.setopt(pycurl.PROXY, "")  # engines and router are reached directly, whatever *_proxy says
+    handle.setopt(pycurl.NOSIGNAL, 1)
+    handle.setopt(pycurl.HTTPHEADER, ["Content-Type: application/json", "Expect:"])
+    handle.setopt(pycurl.TIMEOUT_MS, max(1, int(call.timeout * 1000)))
+    handle.setopt(pycurl.WRITEDATA, call.answer)
+    if call.data is not None:
+        handle.setopt(pycurl.POSTFIELDS, call.data)
+    handle.setopt(pycurl.CUSTOMREQUEST, call.method)
+
+
+def _no_answer(call: _Call, handle: pycurl.Curl, code: int, message: str) -> HttpCallError:
+    """The HttpCallError of a call libcurl ended with error `code` (the OS error's text when there is one)."""
+    if code == pycurl.E_OPERATION_TIMEDOUT:
+        return HttpCallError(
+            call.method, call.url, None, f"timed out after {call.timeout:g} s", timed_out=True
+        )
+    errno = int(handle.getinfo(pycurl.OS_ERRNO))
+    text = f"{os.strerror(errno)} ({message})" if errno else message
+    return HttpCallError(call.method, call.url, None, text)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass

@@ -1,5 +1,6 @@
-"""The kept-alive pool the HTTP engine sends /generate through: one connection per thread and host, reused;
-a connection the peer closed while idle is reopened; call_json's errors for 400, 5xx and a timeout."""
+"""The kept-alive pool the HTTP engine sends /generate through (libcurl's multi interface): a connection
+reused from call to call; one the peer closed while idle is reopened; call_json's errors for 400, 5xx, a
+timeout (`timed_out` set) and a refused connection; close() fails the calls in flight."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ class _Echo(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def do_GET(self) -> None:
+        data = json.dumps({"port": self.client_address[1], "path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def log_message(self, *args: object) -> None:
         pass
 
@@ -59,6 +67,20 @@ def test_one_thread_reuses_its_connection_and_gets_the_json_back(echo_url) -> No
         pool.close()
     assert first["body"] == {"input_ids": [1, 2]} and second["body"] == {"x": 0.1}
     assert first["port"] == second["port"]  # the same TCP connection carried both calls
+
+
+def test_more_calls_than_connections_all_answered_in_their_own_futures(echo_url) -> None:
+    url, _ = echo_url
+    pool = KeepAlivePool(4)
+    try:
+        futures = [pool.submit("POST", url + "/generate", {"rid": i}, timeout=10) for i in range(64)]
+        answers = [f.result(timeout=30) for f in futures]
+        info = pool.call("GET", url + "/server_info", None, timeout=10)
+    finally:
+        pool.close()
+    assert [a["body"] for a in answers] == [{"rid": i} for i in range(64)]
+    assert len({a["port"] for a in answers}) <= 4  # at most max_workers connections, each reused
+    assert info["path"] == "/server_info"
 
 
 def test_a_connection_the_server_closed_is_reopened(echo_url) -> None:
@@ -128,25 +150,32 @@ def test_a_silent_peer_times_out_and_a_refused_one_has_no_status() -> None:
         try:
             with pytest.raises(HttpCallError, match="no answer: timed out after 0.2 s") as info:
                 pool.call("POST", url, {}, timeout=0.2)
-            assert info.value.status is None
+            assert info.value.status is None and info.value.timed_out
         finally:
             pool.close()
-    with pytest.raises(HttpCallError) as refused:
-        KeepAlivePool(1).call("POST", url, {}, timeout=1)  # the listener is closed now
-    assert refused.value.status is None and "refused" in refused.value.text.lower()
+    pool = KeepAlivePool(1)
+    try:
+        with pytest.raises(HttpCallError) as refused:
+            pool.call("POST", url, {}, timeout=1)  # the listener is closed now
+    finally:
+        pool.close()
+    assert refused.value.status is None and not refused.value.timed_out
+    assert "connection refused" in refused.value.text.lower()
 
 
 def test_close_fails_a_call_in_flight_and_stops_the_pool() -> None:
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(4)
+        silent.settimeout(10)
         pool = KeepAlivePool(1)
         future = pool.submit("POST", f"http://127.0.0.1:{silent.getsockname()[1]}/g", {}, timeout=30)
-        while pool._connections == [] or pool._connections[0].sock is None:  # the call is in flight
-            threading.Event().wait(0.01)
+        peer, _ = silent.accept()  # the call is in flight: connected, waiting for an answer
         pool.close()
+        peer.close()
         with pytest.raises(HttpCallError):
             future.result(timeout=5)  # not after the 30 s timeout
     assert pool.closed
     with pytest.raises(RuntimeError, match="shutdown"):
         pool.submit("POST", "http://127.0.0.1:1/g", {}, timeout=1)
+    pool.close()  # idempotent
