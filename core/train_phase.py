@@ -204,10 +204,13 @@ class TrainPhase:
         differs = all_reduce_sum({"ranks": 0.0 if same_log_probs(old, forward) else 1.0}, self.dist)["ranks"]
         self.from_training_forward = differs == 0
         if self.from_training_forward:
-            log.info(f"rollout {rollout_id}: the training forward's log-probs equal the separate forward's")
+            # not "rollout N: ..." at the start of a line: that is the metrics line's shape (log readers parse it)
+            log.info(
+                f"old log-probs: the training forward's equal the separate forward's at rollout {rollout_id}"
+            )
         else:
             self.reason = (
-                f"rollout {rollout_id}: they differed from the training forward's on {differs:.0f} rank(s)"
+                f"at rollout {rollout_id} they differed from the training forward's on {differs:.0f} rank(s)"
             )
             log.info(f"old log-probs: a separate forward ({self.reason})")
         source = "training_forward" if self.from_training_forward else "separate_forward"
