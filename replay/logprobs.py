@@ -212,6 +212,7 @@ def trainer_log_probs(config: Config, samples: list[Sample], source: WeightsSour
         algorithm=config.algorithm,
         temperature=config.rollout.rollout_temperature,
         build_optimizer=False,
+        with_reference=False,  # only the policy's log-probs are computed: no reference copy in memory
     )
     if source.weights is not None:
         file = Path(source.weights) / "model.safetensors"
