@@ -39,6 +39,8 @@ CASES: list[tuple[list[str], int]] = [
     (["train", "--num-rollout", "x"], 2),  # argparse type error
     (["train", "--rollout-dtype", "float16"], 2),  # the config's checks
     (["train", "--kl-loss-type", "k3", "--advantage-estimator", "grpo", "--num-rollout", "0"], 2),
+    (["train", "--kl-loss-type", "foo"], 2),  # an unknown name's error lists the built-in ones
+    (["train", "--advantage-estimator", "ppo"], 2),
     (["train", "--hf-checkpoint", "/nonexistent/model"], 2),  # preflight: files, reward, engine kind
     (["train", "--rm-type", "no_such_reward"], 2),
     (["gate", str(FIXTURE_LOG)], 0),  # real work: the step-0 checks of a console log

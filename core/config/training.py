@@ -5,6 +5,7 @@ The string after each field is its documentation and the help text of its `grpol
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from grpolab.core.config.validation import require
@@ -15,6 +16,28 @@ name is accepted without importing core/algorithms.py, which imports torch (a fl
 train` answers before torch loads); any other name is looked up in the registry itself."""
 BUILTIN_KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
 """The names core/algorithms.py registers in KL_ESTIMATORS (as BUILTIN_ADVANTAGE_ESTIMATORS)."""
+
+
+def _check_estimator(name: str, builtin: tuple[str, ...], registry: str) -> None:
+    """Accept a built-in estimator name, or one registered since in core/algorithms.py's `registry`.
+
+    core/algorithms.py (which imports torch) is only consulted when it was imported already: before
+    that, nothing can have registered another name, so a flag error answers without torch.
+
+    Raises:
+        ValueError: an unknown name, naming the flag and listing the valid names (`Registry.get`'s text).
+    """
+    if name in builtin:
+        return
+    algorithms = sys.modules.get("grpolab.core.algorithms")
+    if algorithms is not None:
+        getattr(algorithms, registry).get(name)
+        return
+    kind, flag = {
+        "ADVANTAGE_ESTIMATORS": ("advantage estimator", "--advantage-estimator"),
+        "KL_ESTIMATORS": ("KL estimator", "--kl-loss-type"),
+    }[registry]
+    raise ValueError(f"unknown {kind} {name!r} ({flag}); valid: {', '.join(sorted(builtin))}")
 
 
 @dataclass(kw_only=True)
@@ -55,10 +78,7 @@ class AlgorithmConfig:
     """Token mean over the optimizer window instead of the sample mean."""
 
     def __post_init__(self) -> None:
-        if self.advantage_estimator not in BUILTIN_ADVANTAGE_ESTIMATORS:
-            from grpolab.core.algorithms import ADVANTAGE_ESTIMATORS
-
-            ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)  # ValueError names the flag, lists the names
+        _check_estimator(self.advantage_estimator, BUILTIN_ADVANTAGE_ESTIMATORS, "ADVANTAGE_ESTIMATORS")
         require(self.eps_clip > 0, f"--eps-clip must be > 0, got {self.eps_clip}")
         if self.eps_clip_high is None:
             self.eps_clip_high = self.eps_clip
@@ -66,10 +86,7 @@ class AlgorithmConfig:
         require(
             self.eps_clip_c is None or self.eps_clip_c > 1, f"--eps-clip-c must be > 1, got {self.eps_clip_c}"
         )
-        if self.kl_loss_type not in BUILTIN_KL_ESTIMATORS:
-            from grpolab.core.algorithms import KL_ESTIMATORS
-
-            KL_ESTIMATORS.get(self.kl_loss_type)
+        _check_estimator(self.kl_loss_type, BUILTIN_KL_ESTIMATORS, "KL_ESTIMATORS")
         require(self.kl_loss_coef >= 0, f"--kl-loss-coef must be >= 0, got {self.kl_loss_coef}")
         require(
             0 <= self.tis_clip_low < self.tis_clip,
