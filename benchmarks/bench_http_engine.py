@@ -123,7 +123,7 @@ def bench_phases(tmp: Path, rollouts: int) -> tuple[dict[str, float], float, flo
 
     engine.check_health = timed(engine.check_health, lambda: "health")
     engine._each_engine = timed(engine._each_engine, lambda method, path, body: path)  # pause, continue
-    engine._await_queued = timed(engine._await_queued, lambda n, pool: "send until held")
+    engine._await_queued = timed(engine._await_queued, lambda n, pool, futures: "send until held")
     engine._send_all = timed(engine._send_all, lambda targets, bodies: "send_all")
     rows: list[dict[str, float]] = []
     served: list[float] = []

@@ -209,7 +209,7 @@ class HttpEngine:
                 for t, b in zip(targets, bodies)
             ]
             if gate:
-                self._await_queued(len(bodies), pool)
+                self._await_queued(len(bodies), pool, futures)
                 gate = False
                 self._each_engine("POST", "/continue_generation", {})
             pending = set(futures)
@@ -237,12 +237,16 @@ class HttpEngine:
             if not ok:
                 pool.close()
 
-    def _await_queued(self, n: int, pool: KeepAlivePool) -> None:
+    def _await_queued(self, n: int, pool: KeepAlivePool, futures: list[Future]) -> None:
         """Wait until the paused engines hold all `n` requests (`/server_info` of `grpolab serve`, polled
         over `pool`'s kept-alive connection), so that one decode takes them all, as the in-process engine
-        does; give up after `GATHER_TIMEOUT_S`."""
-        deadline = time.monotonic() + GATHER_TIMEOUT_S
+        does; stop early when one of the requests (`futures`) already failed (the caller raises its
+        error), give up after `GATHER_TIMEOUT_S` (at most --engine-failure-timeout)."""
+        limit = self._cap(GATHER_TIMEOUT_S)
+        deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
+            if any(f.done() and f.exception() is not None for f in futures):
+                return
             self._check_processes()
             queued = 0
             for url in self.engine_urls:
@@ -252,9 +256,7 @@ class HttpEngine:
             if queued >= n:
                 return
             time.sleep(0.002)  # each poll is one /server_info per engine (~1 ms)
-        log.warning(
-            f"only part of the rollout's {n} requests reached the engines within {GATHER_TIMEOUT_S:g} s"
-        )
+        log.warning(f"only part of the rollout's {n} requests reached the engines within {limit:g} s")
 
     # ------------------------------------------------------------------ weights and memory
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: int) -> int:
