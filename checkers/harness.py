@@ -48,8 +48,8 @@ class CheckHarness:
         self.ci = ci
         self.run_dir = run_dir
         one_side_only = debug.debug_rollout_only or debug.debug_train_only
-        self.kl_enabled = ci.ci_test and not ci.ci_disable_kl_checker
-        self.logprobs_enabled = ci.ci_test and not ci.ci_disable_logprobs_checker
+        self.kl_enabled = ci.kl_checker_on
+        self.logprobs_enabled = ci.logprobs_checker_on
         self.logprobs = logprobs.LogprobChecker(
             abs_tol=ci.ci_logprobs_checker_abs_tol,
             entropy_range=(ci.ci_entropy_range[0], ci.ci_entropy_range[1]),

@@ -40,8 +40,7 @@ log = logging.getLogger("grpolab")
 
 def reference_needed(cfg: Config) -> bool:
     """Whether anything reads reference log-probs: `--use-kl-loss` or the `--ci-test` log-prob checker."""
-    ci = cfg.ci
-    return cfg.algorithm.use_kl_loss or (ci.ci_test and not ci.ci_disable_logprobs_checker)
+    return cfg.algorithm.use_kl_loss or cfg.ci.logprobs_checker_on
 
 
 def active_dropout(model: torch.nn.Module) -> list[str]:
@@ -66,7 +65,7 @@ def separate_forward_reason(cfg: Config, model: torch.nn.Module) -> str | None:
     if steps != 1:
         gbs = cfg.optimizer.global_batch_size
         return f"{steps} optimizer steps per rollout (--global-batch-size {gbs}): later steps see updated weights"
-    if ci.ci_test and not (ci.ci_disable_kl_checker and ci.ci_disable_logprobs_checker):
+    if ci.kl_checker_on or ci.logprobs_checker_on:
         return "--ci-test checks them against the training forward (ppo_kl == 0) and before training"
     if cfg.profiling.use_pytorch_profiler and cfg.profiling.profile_target == "train_log_probs":
         return "--profile-target train_log_probs traces that forward"

@@ -148,6 +148,16 @@ class CIConfig:
     ci_ft_test_actions: str | None = None
     """JSON list of fault-injection actions, e.g. '[{"at_rollout": 2, "action": "raise_in_train", "rank": 0}]'."""
 
+    @property
+    def kl_checker_on(self) -> bool:
+        """The KL checker runs: --ci-test without --ci-disable-kl-checker."""
+        return self.ci_test and not self.ci_disable_kl_checker
+
+    @property
+    def logprobs_checker_on(self) -> bool:
+        """The log-prob checker runs: --ci-test without --ci-disable-logprobs-checker."""
+        return self.ci_test and not self.ci_disable_logprobs_checker
+
     def __post_init__(self) -> None:
         require(self.ci_logprobs_checker_abs_tol >= 0, "--ci-logprobs-checker-abs-tol must be >= 0")
         require(
