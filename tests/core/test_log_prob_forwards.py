@@ -28,6 +28,25 @@ def _values(run_dir: Path) -> list[tuple[str, dict[str, float]]]:
     return out
 
 
+def _actor(
+    model_dir: Path,
+    optimizer: OptimizerConfig,
+    algorithm: AlgorithmConfig | None = None,
+    *,
+    temperature: float = 1.0,
+) -> Actor:
+    """A float32 CPU actor of the tiny model without a reference copy."""
+    return Actor(
+        str(model_dir),
+        dtype=torch.float32,
+        device="cpu",
+        optimizer=optimizer,
+        algorithm=algorithm or AlgorithmConfig(),
+        temperature=temperature,
+        with_reference=False,
+    )
+
+
 def test_reference_needed_only_with_a_reader() -> None:
     assert not reference_needed(Config())
     assert reference_needed(Config(algorithm=AlgorithmConfig(use_kl_loss=True)))  # also with coef 0
@@ -36,15 +55,7 @@ def test_reference_needed_only_with_a_reader() -> None:
 
 
 def test_actor_without_reference_builds_none_and_refuses(tiny_model_dir: Path) -> None:
-    actor = Actor(
-        str(tiny_model_dir),
-        dtype=torch.float32,
-        device="cpu",
-        optimizer=OptimizerConfig(global_batch_size=4),
-        algorithm=AlgorithmConfig(),
-        temperature=1.0,
-        with_reference=False,
-    )
+    actor = _actor(tiny_model_dir, OptimizerConfig(global_batch_size=4))
     assert actor.ref_model is None
     actor.offload()
     actor.onload()  # moving a run without a reference works
@@ -101,14 +112,11 @@ def test_training_forward_log_probs_equal_the_separate_forward(tiny_model_dir: P
     runs = {}
     for source in ("separate", "training_forward"):
         torch.manual_seed(0)
-        actor = Actor(
-            str(tiny_model_dir),
-            dtype=torch.float32,
-            device="cpu",
-            optimizer=OptimizerConfig(micro_batch_size=mbs, global_batch_size=6, lr=1e-3),
-            algorithm=AlgorithmConfig(use_tis=True, entropy_coef=0.01),
+        actor = _actor(
+            tiny_model_dir,
+            OptimizerConfig(micro_batch_size=mbs, global_batch_size=6, lr=1e-3),
+            AlgorithmConfig(use_tis=True, entropy_coef=0.01),
             temperature=0.7,
-            with_reference=False,
         )
         samples = _samples(6, actor.vocab_size)
         separate = actor.compute_log_probs(samples, with_entropy=True) if source == "separate" else None
@@ -127,15 +135,7 @@ def test_training_forward_log_probs_equal_the_separate_forward(tiny_model_dir: P
 
 
 def test_training_forward_refuses_several_windows(tiny_model_dir: Path) -> None:
-    actor = Actor(
-        str(tiny_model_dir),
-        dtype=torch.float32,
-        device="cpu",
-        optimizer=OptimizerConfig(global_batch_size=2),
-        algorithm=AlgorithmConfig(),
-        temperature=1.0,
-        with_reference=False,
-    )
+    actor = _actor(tiny_model_dir, OptimizerConfig(global_batch_size=2))
     samples = _samples(4, actor.vocab_size)
     with pytest.raises(ValueError, match="one optimizer window"):
         actor.train(samples, None, None, step_offset=0, forward=LogProbs(log_probs=[], entropy=[]))
