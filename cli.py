@@ -76,15 +76,16 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
     """Run `grpolab train` (`argv` starts with "train"); return the exit code.
 
     Exit codes: 0 done, 1 a check failed or the run failed, 2 bad input (a flag, a file, a run
-    directory; a bad flag value or input file exits through argparse with the train usage, before
-    transformers is imported or a run directory made: core/preflight.py), 130 interrupted.
+    directory; a bad flag value, input file, router address or router port exits through argparse with
+    the train usage, before torch is imported or a run directory made: core/preflight.py), 130 interrupted.
     """
     from grpolab.core.preflight import check_inputs
 
     try:
         config = config_from_args(args)
         world = planned_world_size(args.nproc_per_node)
-        check_inputs(config, world_size=world)  # flags, model, data, reward: before transformers, any run dir
+        rank = int(os.environ.get("RANK", "0"))  # torchrun's; the launcher process (no RANK) checks as 0
+        check_inputs(config, world_size=world, rank=rank)  # flags, files, servers: before torch, any run dir
     except (ValueError, FileNotFoundError) as e:
         subcommand_parser(parser, "train").error(str(e))  # usage: grpolab train …, exit 2
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:

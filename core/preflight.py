@@ -12,7 +12,10 @@ label keys), the reward (`--custom-rm-path` imports and is callable, else `--rm-
 registered) and the monitoring flags (`monitor.check_monitoring`: wandb / tensorboard import when
 asked for, `--custom-rollout-log-function-path` imports and takes Miles' five arguments) and the
 profiling flags (`monitor.checks`: every `--profile-ranks` rank exists in the world, the
-`--memory-recorder` can run here). The config itself (ranges, finite numbers) was checked when it was built.
+`--memory-recorder` can run here), and last the rollout servers (`check_rollout_servers`: the router
+at `--sglang-router-ip`/`--sglang-router-port` answers as an sglang-router with engines, or the router
+`--rollout-num-engines` launches can start on `--sglang-router-port`). The config itself (ranges,
+finite numbers) was checked when it was built.
 
 Cost: a .jsonl prompt file is parsed here and again when the run builds its dataset (GSM8K's train
 split, 4 MB and 7473 rows, takes about 0.08 s); a parquet file is only checked for its magic bytes.
@@ -34,15 +37,16 @@ if TYPE_CHECKING:
     from grpolab.core.config import Config
 
 
-def check_inputs(config: Config, *, world_size: int = 1) -> None:
-    """Check what `config` names on this machine and in its files (see the module docstring).
+def check_inputs(config: Config, *, world_size: int = 1, rank: int = 0) -> None:
+    """Check what `config` names on this machine, in its files and on the network (see the module docstring).
 
     `world_size`: the ranks the run will have (`launch.planned_world_size`: --nproc-per-node or
-    torchrun's WORLD_SIZE; 1 otherwise), for `--profile-ranks`. Imports no transformers; imports the
-    user's `--custom-rm-path` module.
+    torchrun's WORLD_SIZE; 1 otherwise), for `--profile-ranks`. `rank`: this process's torchrun RANK
+    (0 outside torchrun); the rollout servers are checked on rank 0 only (`check_rollout_servers`).
+    Imports no torch or transformers; imports the user's `--custom-rm-path` module.
 
     Raises:
-        ValueError / FileNotFoundError: naming the flag and the file (`grpolab train` exits 2).
+        ValueError / FileNotFoundError: naming the flag and the file or address (`grpolab train` exits 2).
     """
     from grpolab.core.engine.factory import ENGINES
 
@@ -56,6 +60,35 @@ def check_inputs(config: Config, *, world_size: int = 1) -> None:
     check_reward(config)
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
     check_profiling_start(config, world_size=world_size)  # --profile-ranks, --memory-recorder
+    if rank == 0:
+        check_rollout_servers(config)  # last: a router that does not answer may take seconds
+
+
+def check_rollout_servers(config: Config) -> None:
+    """The rollout servers the run uses can be reached or started: with `--sglang-router-ip`, the router
+    there answers `GET /workers` as an sglang-router with at least one engine (`factory.router_engine_urls`);
+    with `--rollout-num-engines`, sglang-router is installed and `--sglang-router-port` is free
+    (`fleet.check_can_launch`). Nothing for the in-process engine.
+
+    Only rank 0 builds a server run's engine (core/central_rollout.py) and calls this: the port check
+    binds the port for an instant, so two ranks checking at once could each find it taken. The same
+    functions check again when the engine is built (a fleet can go, a port be taken, in between), so
+    each message has one source. Engines' model fingerprints are compared then, not here (that needs
+    transformers).
+
+    Raises:
+        ValueError: naming the flag, the address and what was expected (`fleet.PortInUseError` for a
+            taken port).
+    """
+    from grpolab.core.engine.factory import router_engine_urls, router_url
+    from grpolab.core.engine.fleet import check_can_launch
+
+    rollout = config.rollout
+    if rollout.rollout_num_engines:
+        check_can_launch(rollout.sglang_router_port)
+    elif rollout.sglang_router_ip is not None:
+        assert rollout.sglang_router_port is not None  # RolloutConfig requires it with the ip
+        router_engine_urls(router_url(rollout.sglang_router_ip, rollout.sglang_router_port))
 
 
 def check_response_length(config: Config) -> None:

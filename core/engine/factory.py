@@ -11,6 +11,7 @@ the engine is. Adding an engine is one module with a `(Config) -> RolloutEngine`
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -91,7 +92,8 @@ def sglang_engine(config: Config) -> RolloutEngine:
             request_timeout_s=timeout,
             failure_timeout_s=rollout.engine_failure_timeout,
         )
-    router = f"http://{rollout.sglang_router_ip}:{rollout.sglang_router_port}"
+    assert rollout.sglang_router_ip is not None and rollout.sglang_router_port is not None  # RolloutConfig
+    router = router_url(rollout.sglang_router_ip, rollout.sglang_router_port)
     urls = running_fleet_engines(router, model.hf_checkpoint)
     return HttpEngine(
         router_url=router,
@@ -102,31 +104,80 @@ def sglang_engine(config: Config) -> RolloutEngine:
     )
 
 
-def running_fleet_engines(router: str, checkpoint: str) -> list[str]:
-    """The engine URLs the router at `router` lists, each checked to serve `checkpoint`'s model.
+ROUTER_FLAGS = "--sglang-router-ip/--sglang-router-port"
+"""The flags that name a running router, as its error messages name them."""
+
+
+def router_url(host: str, port: int) -> str:
+    """The base URL of the router at `--sglang-router-ip host` and `--sglang-router-port port`
+    ("http://10.0.0.5:30000"; an IPv6 address in brackets: "http://[::1]:30000")."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def router_engine_urls(router: str) -> list[str]:
+    """The engine URLs the sglang-router at `router` lists (`GET /workers`, `ROUTER_TIMEOUT_S` at most).
+
+    Called by `grpolab train`'s preflight (core/preflight.py: before any run directory or torch
+    import) and again when the engine is built (`running_fleet_engines`), since a fleet can go
+    between the two; each message below is built here only. Imports no torch.
 
     Raises:
-        ValueError: the router does not answer, lists no engine, or an engine's `model_fingerprint`
-            differs from `checkpoint`'s (both named).
+        ValueError: naming the flags and `router`: nothing answers there; the server there is no
+            sglang-router (an error status, or an answer that is not `{"workers": [...]}`, quoted);
+            or the router lists no engine.
+    """
+    from grpolab.core.engine.http_calls import HttpCallError, call_json
+
+    try:
+        answer = call_json("GET", router + "/workers", None, timeout=ROUTER_TIMEOUT_S)
+    except (HttpCallError, ValueError) as e:
+        raise ValueError(f"{ROUTER_FLAGS}: no router answers at {router}: {e}") from None
+    workers = answer.get("workers") if isinstance(answer, dict) else None
+    if not isinstance(workers, list):
+        raise ValueError(
+            f"{ROUTER_FLAGS}: the server at {router} is not an sglang-router: GET /workers answered "
+            f'{_quoted(answer)}; a router answers {{"workers": [...]}}'
+        )
+    urls = [w["url"] for w in workers if isinstance(w, dict) and isinstance(w.get("url"), str)]
+    if not urls:
+        raise ValueError(
+            f"{ROUTER_FLAGS}: the router at {router} has no engines registered (GET /workers is empty)"
+        )
+    return urls
+
+
+def _quoted(answer: object) -> str:
+    """A decoded JSON answer as one line of at most `http_calls.ONE_LINE` characters, for messages."""
+    from grpolab.core.engine.http_calls import ONE_LINE
+
+    if answer is None:
+        return "nothing"
+    text = json.dumps(answer)
+    return text if len(text) <= ONE_LINE else text[:ONE_LINE] + "..."
+
+
+def running_fleet_engines(router: str, checkpoint: str) -> list[str]:
+    """The engine URLs the router at `router` lists (`router_engine_urls`), each checked to serve
+    `checkpoint`'s model.
+
+    Raises:
+        ValueError: from `router_engine_urls`; an engine does not answer `/model_info`, or its
+            `model_fingerprint` differs from `checkpoint`'s (both named).
     """
     from grpolab.core.engine.http_calls import HttpCallError, call_json
     from grpolab.core.modeling import model_fingerprint
 
-    flags = "--sglang-router-ip/--sglang-router-port"
-    try:
-        workers = call_json("GET", router + "/workers", None, timeout=ROUTER_TIMEOUT_S)
-    except (HttpCallError, ValueError) as e:
-        raise ValueError(f"{flags}: no router answers at {router}: {e}") from None
-    urls = [w["url"] for w in (workers or {}).get("workers", []) if isinstance(w, dict) and w.get("url")]
-    if not urls:
-        raise ValueError(f"{flags}: the router at {router} has no engines registered (GET /workers is empty)")
+    urls = router_engine_urls(router)
     ours = model_fingerprint(checkpoint)
     for url in urls:
         try:
-            info = call_json("GET", url + "/model_info", None, timeout=ROUTER_TIMEOUT_S) or {}
+            info = call_json("GET", url + "/model_info", None, timeout=ROUTER_TIMEOUT_S)
         except (HttpCallError, ValueError) as e:
-            raise ValueError(f"{flags}: engine {url} (listed by the router) does not answer: {e}") from None
-        theirs = info.get("model_fingerprint") if isinstance(info, dict) else None
+            raise ValueError(
+                f"{ROUTER_FLAGS}: engine {url} (listed by the router) does not answer: {e}"
+            ) from None
+        info = info if isinstance(info, dict) else {}
+        theirs = info.get("model_fingerprint")
         if theirs is None:
             log.warning(
                 f"warning: engine {url} reports no model_fingerprint (a real SGLang): the model it "

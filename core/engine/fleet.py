@@ -82,6 +82,30 @@ def check_port_free(host: str, port: int, flag: str) -> None:
             raise PortInUseError(f"{flag} {port}: {host}:{port} is in use ({e.strerror or e})") from e
 
 
+ROUTER_HOST = "127.0.0.1"
+"""Where a launched router listens (loopback: the trainer is its only client)."""
+
+
+def check_can_launch(router_port: int | None) -> None:
+    """A router can be launched here: the sglang-router package is installed and `router_port`
+    (`--sglang-router-port`; None: a free one is picked at launch) can be bound on `ROUTER_HOST`.
+
+    Checked by `grpolab train`'s preflight (before any run directory or torch import) and again by
+    `Fleet.launch`; binds the port for an instant, so only one process of a run may call it at a time.
+
+    Raises:
+        ValueError: sglang-router is not installed (says how to install it).
+        PortInUseError: the port is taken (names `--sglang-router-port`, the address and the OS's reason).
+    """
+    if importlib.util.find_spec("sglang_router") is None:
+        raise ValueError(
+            "--rollout-num-engines needs the sglang-router package (its Rust router runs on CPU): "
+            "pip install -e '.[servers]'"
+        )
+    if router_port is not None:
+        check_port_free(ROUTER_HOST, router_port, "--sglang-router-port")
+
+
 def log_tail(path: Path, n: int, *, skip: str | None = None) -> list[str]:
     """The last `n` lines of the log file at `path` (ANSI colour codes removed), leaving out lines that
     contain `skip`; [] when it is missing."""
@@ -186,32 +210,28 @@ class Fleet:
         """Start the engines and the router, wait until each answers, register the engines.
 
         Raises:
+            ValueError: `num_engines` < 1, or sglang-router is not installed (`check_can_launch`).
             PortInUseError: `router_port` is taken (`--sglang-router-port`).
             FleetError: a process exited or did not answer within `startup_timeout_s` (its log tail
                 is quoted), or the router did not list an engine as healthy; everything is torn down.
         """
         if num_engines < 1:
             raise ValueError(f"--rollout-num-engines must be >= 1, got {num_engines}")
-        if importlib.util.find_spec("sglang_router") is None:
-            raise ValueError(
-                "--rollout-num-engines needs the sglang-router package (its Rust router runs on CPU): "
-                "pip install -e '.[servers]'"
-            )
         port = router_port if router_port is not None else free_port()
-        check_port_free("127.0.0.1", port, "--sglang-router-port")
+        check_can_launch(port)  # again: preflight checked, but the port may have been taken since
         serve = [sys.executable, "-m", "grpolab", "serve", "--hf-checkpoint", str(checkpoint), "--port", "0"]
         serve += ["--device", device, "--dtype", dtype]  # the default 10 ms gather: the HTTP engine holds
         # a rollout's requests (pause in_place) until all arrived, so no wider window is needed
         engines = [
             _spawn(f"engine {i}", serve, Path(run_dir) / "engines" / f"{i}.log") for i in range(num_engines)
         ]
-        router_argv = [sys.executable, "-m", ROUTER_MODULE, "--host", "127.0.0.1", "--port", str(port)]
+        router_argv = [sys.executable, "-m", ROUTER_MODULE, "--host", ROUTER_HOST, "--port", str(port)]
         router_argv += ["--request-timeout-secs", str(max(1, round(request_timeout_s)))]
         # its Prometheus exporter binds 0.0.0.0:29000 by default: a second router on the machine (another
         # run, a test) panicked with "Address already in use"; a free loopback port each
         router_argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         router = _spawn("router", router_argv, Path(run_dir) / "router.log")
-        router.url = f"http://127.0.0.1:{port}"
+        router.url = f"http://{ROUTER_HOST}:{port}"
         fleet = cls(router, engines)
         try:
             deadline = time.monotonic() + startup_timeout_s
