@@ -72,6 +72,17 @@ def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Ar
     raise KeyError(name)
 
 
+def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost parser `args` was parsed with (`grpolab diagnose log`'s for `diagnose log ...`):
+    at each level, the subparser whose name the level's `dest` holds (every level sets one)."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if name is None:
+            return parser
+        parser = subs[0].choices[name]
+
+
 def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> int:
     """Run `grpolab train` (`argv` starts with "train"); return the exit code.
 
@@ -151,7 +162,9 @@ def _dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     refuse_secret_flags(parser, argv)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse's parse_args would print the top-level usage, not the subcommand's
+        chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "train":
         return run_train_command(parser, args, argv)
     if args.command == "hash":
