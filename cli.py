@@ -95,8 +95,7 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
     try:
         config = config_from_args(args)
         world = planned_world_size(args.nproc_per_node)
-        rank = int(os.environ.get("RANK", "0"))  # torchrun's; the launcher process (no RANK) checks as 0
-        check_inputs(config, world_size=world, rank=rank)  # flags, files, servers: before torch, any run dir
+        check_inputs(config, world_size=world)  # flags, files, servers: before torch, any run dir
     except (ValueError, FileNotFoundError) as e:
         subcommand_parser(parser, "train").error(str(e))  # usage: grpolab train …, exit 2
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:

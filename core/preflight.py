@@ -24,6 +24,7 @@ split, 4 MB and 7473 rows, takes about 0.08 s); a parquet file is only checked f
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING
 
 from grpolab.checkers.faults import check_reachable, parse_fault_actions
@@ -37,12 +38,13 @@ if TYPE_CHECKING:
     from grpolab.core.config import Config
 
 
-def check_inputs(config: Config, *, world_size: int = 1, rank: int = 0) -> None:
+def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None) -> None:
     """Check what `config` names on this machine, in its files and on the network (see the module docstring).
 
     `world_size`: the ranks the run will have (`launch.planned_world_size`: --nproc-per-node or
-    torchrun's WORLD_SIZE; 1 otherwise), for `--profile-ranks`. `rank`: this process's torchrun RANK
-    (0 outside torchrun); the rollout servers are checked on rank 0 only (`check_rollout_servers`).
+    torchrun's WORLD_SIZE; 1 otherwise), for `--profile-ranks`. `rank`: this process's rank (None: torchrun's
+    RANK, 0 outside torchrun and in the launcher of `--nproc-per-node`); the rollout servers are checked
+    on rank 0 only (`check_rollout_servers`).
     Imports no torch or transformers; imports the user's `--custom-rm-path` module.
 
     Raises:
@@ -60,7 +62,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int = 0) -> None:
     check_reward(config)
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
     check_profiling_start(config, world_size=world_size)  # --profile-ranks, --memory-recorder
-    if rank == 0:
+    if (int(os.environ.get("RANK", "0")) if rank is None else rank) == 0:
         check_rollout_servers(config)  # last: a router that does not answer may take seconds
 
 
