@@ -2,6 +2,10 @@
 
 `TorchEngine` implements `RolloutEngine` (see `base.py`) on CPU or CUDA. It loads its own copy of
 the model (`load_causal_lm`), so weight sync from the trainer is a real copy, as with SGLang.
+The forward is grpolab's own decoder for Llama/Qwen2/Qwen3 models or the transformers model's
+(`model_runner.py`, `--rollout-decode-path`). Each distinct prompt of a call is prefilled once and
+its KV rows are repeated for its samples (a GRPO group shares one prefill, as SGLang's radix cache
+shares the prefix).
 
 Sampling, per decode step and sample:
   logits (model dtype) -> float32 -> / temperature -> top-k and top-p keep mask ->
@@ -27,16 +31,15 @@ T max new tokens, V vocab size, K kept ids (per row, padded).
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections import deque
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import DynamicCache
 
 from grpolab.core.engine.base import (
+    DecodePath,
     EngineHealth,
     FinishReason,
     GenerationRequest,
@@ -44,6 +47,8 @@ from grpolab.core.engine.base import (
     SamplingParams,
     TensorMismatch,
 )
+from grpolab.core.engine.decoder import Decoder
+from grpolab.core.engine.model_runner import ModelRunner, make_runner
 from grpolab.core.engine.sampling import filtered_log_probs, kept_ids
 from grpolab.core.modeling import load_causal_lm
 
@@ -76,11 +81,16 @@ class TorchEngine:
         device: str | torch.device = "cpu",
         max_batch_size: int = 256,
         show_progress: bool = True,
+        decode_path: DecodePath = "auto",
     ) -> None:
         """Load an independent copy of the model at `checkpoint` onto `device`.
 
+        `decode_path` chooses the forward (`base.DecodePath`): grpolab's own decoder where
+        the model is supported ("auto"), always ("grpolab"), or transformers' ("transformers").
+
         Raises:
-            ValueError: max_batch_size < 1, or the checkpoint is not a model (from `load_causal_lm`).
+            ValueError: max_batch_size < 1, the checkpoint is not a model (from `load_causal_lm`), or
+                decode_path "grpolab" for a model the decoder does not implement.
             FileNotFoundError: the checkpoint path does not exist.
         """
         if max_batch_size < 1:
@@ -95,17 +105,10 @@ class TorchEngine:
         self.model.requires_grad_(False)
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id: int = int(pad) if isinstance(pad, int) else 0
-        forward_args = inspect.signature(self.model.forward).parameters
-        # transformers 5.x renamed `past_key_values` to `cache`.
-        self._cache_kw = "cache" if "cache" in forward_args else "past_key_values"
-        self._logits_to_keep = "logits_to_keep" in forward_args
-        layer_types = getattr(self.model.config, "layer_types", None) or ["full_attention"]
-        # Decode steps pass a ready 4D boolean mask (skips transformers' per-step mask building);
-        # only for SDPA with full attention in every layer, else the 2D padding mask is passed.
-        self._bool_decode_mask = getattr(self.model.config, "_attn_implementation", None) == "sdpa" and all(
-            lt == "full_attention" for lt in layer_types
-        )
-        self._cache: DynamicCache | None = None
+        self.decode_path: DecodePath = decode_path
+        self._decoder: Decoder | None = None  # grpolab's decoder, kept between calls
+        _, self._decoder = make_runner(self.model, decode_path, None)  # refuses an unsupported "grpolab"
+        self._runner: ModelRunner | None = None  # the batch being decoded (KV cache), during generate
         self.weight_version = 0
         self.memory_released = False
         self.stopped = False
@@ -113,7 +116,8 @@ class TorchEngine:
         self.last_stats: dict[str, float] = {"tokens": 0, "seconds": 0.0, "tokens_per_s": 0.0}
         n_params = sum(p.numel() for p in self.model.parameters())
         self._note(
-            f"started with model {checkpoint} ({n_params:,} parameters), dtype {dtype}, device {self.device}"
+            f"started with model {checkpoint} ({n_params:,} parameters), dtype {dtype}, device {self.device}, "
+            f"decoding with {'grpolab' if self._decoder is not None else 'transformers'}' forward"
         )
 
     def _note(self, line: str) -> None:
@@ -160,31 +164,28 @@ class TorchEngine:
         self._note(f"generated {len(requests)} samples, {tokens} tokens in {seconds:.2f} s")
         return results
 
-    def _forward(
-        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: DynamicCache
-    ) -> torch.Tensor:
-        """One model call with the KV cache; returns [A, V] logits at the last position."""
-        kwargs = {self._cache_kw: cache}
-        if self._logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **kwargs)
-        return out.logits[:, -1]
-
     def _generate_chunk(
         self, reqs: list[GenerationRequest], params: SamplingParams
     ) -> list[GenerationResult]:
         """Generate for at most `max_batch_size` requests (runs under inference_mode)."""
         dev, B, T = self.device, len(reqs), params.max_new_tokens
         pad = self.pad_token_id
-        ids_BL, mask_AL = self._left_padded(reqs)
-        pos_BL = (mask_AL.cumsum(-1) - 1).clamp_(min=0)
-        next_pos_A = mask_AL.sum(-1)  # position id of the next token, per row
         gens = [torch.Generator(device=dev).manual_seed(r.seed & 0xFFFF_FFFF_FFFF_FFFF) for r in reqs]
         stop_S = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=dev)
 
-        cache = DynamicCache(config=self.model.config)
-        self._cache = cache
-        logits_AV = self._forward(ids_BL, mask_AL, pos_BL, cache)
+        # Each distinct prompt is prefilled once; its samples share the prompt's KV rows (SGLang shares
+        # them through its radix cache).
+        first_row: dict[tuple[int, ...], int] = {}
+        prompt_of = [first_row.setdefault(tuple(r.prompt_ids), len(first_row)) for r in reqs]
+        distinct = [list(p) for p in first_row]
+        ids_UL, mask_UL = self._left_padded(distinct)
+        runner, self._decoder = make_runner(self.model, self.decode_path, self._decoder)
+        self._runner = runner
+        logits_AV = runner.prefill(ids_UL, mask_UL, ids_UL.shape[1] + T)
+        if len(distinct) < B:
+            prompt_A = torch.tensor(prompt_of, dtype=torch.long, device=dev)
+            runner.select_rows(prompt_A)
+            logits_AV = logits_AV[prompt_A]
         V = logits_AV.shape[-1]
         C = max(1, min(32, _NOISE_BLOCK // V))
 
@@ -203,9 +204,8 @@ class TorchEngine:
                 logp_AV, n_A, order_AV = filtered_log_probs(logits_AV, params)
                 if t % C == 0:  # each row's next C x V uniforms, one generator call per row
                     u_ACV = torch.stack([torch.rand(C * V, generator=g, device=dev) for g in gens])
-                    u_ACV = u_ACV.view(len(gens), C, V).clamp_(min=_TINY)
-                gumbel_AV = -torch.log(-torch.log(u_ACV[:, t % C]))
-                tok_A = (logp_AV + gumbel_AV).argmax(dim=-1)
+                    gumbel_ACV = u_ACV.view(len(gens), C, V).clamp_(min=_TINY).log_().neg_().log_().neg_()
+                tok_A = (logp_AV + gumbel_ACV[:, t % C]).argmax(dim=-1)
                 tok_BT[rows_A, t] = tok_A
                 logp_BT[rows_A, t] = logp_AV.gather(1, tok_A[:, None]).squeeze(1)
                 if n_A is not None and order_AV is not None:
@@ -222,25 +222,21 @@ class TorchEngine:
                 if 4 * (len(alive) - n_alive) >= len(alive):  # compact once >= 1/4 of rows are done
                     keep = [a for a, ok in enumerate(alive) if ok]
                     keep_A = torch.tensor(keep, dtype=torch.long, device=dev)
-                    cache.batch_select_indices(keep_A)
-                    tok_A, mask_AL, next_pos_A = tok_A[keep_A], mask_AL[keep_A], next_pos_A[keep_A]
-                    rows_A, u_ACV = rows_A[keep_A], u_ACV[keep_A]
+                    runner.select_rows(keep_A)
+                    tok_A, rows_A, gumbel_ACV = tok_A[keep_A], rows_A[keep_A], gumbel_ACV[keep_A]
                     rows, gens, alive = [rows[a] for a in keep], [gens[a] for a in keep], [True] * len(keep)
-                mask_AL = torch.cat([mask_AL, mask_AL.new_ones((mask_AL.shape[0], 1))], dim=1)
-                step_mask = mask_AL[:, None, None, :].bool() if self._bool_decode_mask else mask_AL
-                logits_AV = self._forward(tok_A[:, None], step_mask, next_pos_A[:, None], cache)
-                next_pos_A = next_pos_A + 1
+                logits_AV = runner.step(tok_A)
         finally:
             bar.close()
-            self._cache = None
+            self._runner = None
 
         return self._results(tok_BT, logp_BT, length, reason, kept_steps if params.filters_support else None)
 
-    def _left_padded(self, reqs: list[GenerationRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts left-padded to the longest: ids [B, L] int64 and attention mask [B, L] (1 = prompt)."""
-        L, pad = max(len(r.prompt_ids) for r in reqs), self.pad_token_id
-        ids_rows = [[pad] * (L - len(r.prompt_ids)) + list(r.prompt_ids) for r in reqs]
-        mask_rows = [[0] * (L - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in reqs]
+        L, pad = max(len(p) for p in prompts), self.pad_token_id
+        ids_rows = [[pad] * (L - len(p)) + p for p in prompts]
+        mask_rows = [[0] * (L - len(p)) + [1] * len(p) for p in prompts]
         return (
             torch.tensor(ids_rows, dtype=torch.long, device=self.device),
             torch.tensor(mask_rows, dtype=torch.long, device=self.device),
@@ -367,11 +363,13 @@ class TorchEngine:
 
     def flush_cache(self) -> None:
         """Drop cached KV state (the engine keeps none between `generate` calls)."""
-        self._cache = None
+        self._runner = None
 
     def release_memory(self) -> None:
-        """Drop the KV cache and move the weights to CPU (the flag alone changes on a CPU engine)."""
+        """Drop the KV cache and the decoder's fused weight copies, and move the weights to CPU (on
+        a CPU engine they stay where they are)."""
         self.flush_cache()
+        self._decoder = None
         if self.device.type != "cpu":
             self.model.to("cpu")
             if self.device.type == "cuda":
