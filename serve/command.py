@@ -16,6 +16,7 @@ import shlex
 import socket
 import sys
 
+from grpolab.core.engine.base import DECODE_PATHS, DecodePath
 from grpolab.serve.batching import BATCH_WAIT_S
 from grpolab.serve.state import ServerState, ServeSettings
 
@@ -50,6 +51,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p.add_argument("--served-model-name", default=None, help="model id in /model_info and /v1/models")
     p.add_argument("--device", default="cpu", help="engine device: cpu or cuda[:i] (default cpu)")
     p.add_argument("--dtype", default="float32", help="engine dtype: float32 or bfloat16 (default float32)")
+    p.add_argument(
+        "--decode-path",
+        choices=DECODE_PATHS,
+        default="auto",
+        help="engine forward: grpolab's own decoder, transformers' forward, or auto (grpolab's where the "
+        "model is supported; default)",
+    )
     p.add_argument(
         "--batch-wait-ms", type=float, default=BATCH_WAIT_S * 1000, help="gather window before a batch starts"
     )
@@ -100,7 +108,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def load_state(settings: ServeSettings, *, device: str = "cpu", dtype: str = "float32") -> ServerState:
+def load_state(
+    settings: ServeSettings, *, device: str = "cpu", dtype: str = "float32", decode_path: DecodePath = "auto"
+) -> ServerState:
     """Load the engine, tokenizer and model facts for `settings.model_path`.
 
     Raises:
@@ -111,7 +121,11 @@ def load_state(settings: ServeSettings, *, device: str = "cpu", dtype: str = "fl
     from grpolab.serve.batching import Batcher
 
     engine = TorchEngine(
-        settings.model_path, dtype=parse_dtype(dtype, "--dtype"), device=device, show_progress=False
+        settings.model_path,
+        dtype=parse_dtype(dtype, "--dtype"),
+        device=device,
+        show_progress=False,
+        decode_path=decode_path,
     )
     tokenizer = load_tokenizer(settings.model_path)
     config = engine.model.config
@@ -184,7 +198,7 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
         launch_command=shlex.join(["grpolab", *(argv or sys.argv[1:])]),
     )
     try:
-        state = load_state(settings, device=args.device, dtype=args.dtype)
+        state = load_state(settings, device=args.device, dtype=args.dtype, decode_path=args.decode_path)
     except (FileNotFoundError, ValueError) as e:
         sock.close()
         print(f"{prog} {e}", file=sys.stderr)

@@ -26,6 +26,12 @@ class ModelConfig:
     """Engine parameter dtype: float32 | bfloat16.
 
     The valid names are core/dtypes.py's DTYPES (validated against it; a test checks the list above)."""
+    rollout_decode_path: str = "auto"
+    """Forward the in-process engine decodes with: auto | grpolab | transformers. grpolab: its own
+    Llama/Qwen2/Qwen3 decoder (fused, prepacked projections; preallocated KV cache); transformers:
+    the model's own forward (any causal LM, the reference the first is tested against); auto:
+    grpolab's where the model is supported. Switch to transformers to rule the decoder out when the
+    engine's log-probs disagree with the trainer's."""
     train_dtype: str = "float32"
     """Trainer parameter dtype: float32 | bfloat16 (log-probs are always computed in float32).
 
@@ -41,6 +47,12 @@ class ModelConfig:
 
         check_dtype(self.rollout_dtype, "--rollout-dtype")  # ValueError lists the valid names
         check_dtype(self.train_dtype, "--train-dtype")
+        from grpolab.core.engine.base import DECODE_PATHS  # torch-free
+
+        require(
+            self.rollout_decode_path in DECODE_PATHS,
+            f"--rollout-decode-path must be one of {', '.join(DECODE_PATHS)}, got {self.rollout_decode_path!r}",
+        )
         require(
             self.device.split(":")[0] in ("cpu", "cuda"),
             f"--device must be cpu or cuda[:N], got {self.device!r}",

@@ -24,6 +24,13 @@ if TYPE_CHECKING:  # annotations only: `grpolab serve --help` and the CLI parser
 
 FinishReason = Literal["stop", "length"]
 
+DecodePath = Literal["auto", "grpolab", "transformers"]
+DECODE_PATHS: tuple[DecodePath, ...] = ("auto", "grpolab", "transformers")
+"""Which forward the in-process engine decodes with (`--rollout-decode-path`): "grpolab", its own
+Llama/Qwen2/Qwen3 decoder (core/engine/decoder.py); "transformers", the model's own forward (any
+causal LM; the reference the decoder is tested against); "auto", grpolab's where the model is
+supported, else transformers'."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:

@@ -44,6 +44,7 @@ def torch_engine(config: Config) -> RolloutEngine:
         dtype=parse_dtype(model.rollout_dtype, "--rollout-dtype"),
         device=model.device,
         show_progress=config.run.show_progress,
+        decode_path=model.rollout_decode_path,  # type: ignore[arg-type]  (validated by ModelConfig)
     )
 
 
@@ -78,6 +79,7 @@ def sglang_engine(config: Config) -> RolloutEngine:
             run_dir=Path(config.run.run_dir),
             device=model.device,
             dtype=model.rollout_dtype,
+            decode_path=model.rollout_decode_path,
             router_port=rollout.sglang_router_port,
             request_timeout_s=timeout,
         )
