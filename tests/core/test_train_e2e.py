@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,7 +156,11 @@ def test_reward_function_that_raises_names_the_sample(tmp_path: Path, capsys, mo
     (tmp_path / "badrm.py").write_text("def fn(sample):\n    raise ZeroDivisionError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     argv = ["--num-rollout", "1", "--run-dir", str(tmp_path / "bad"), "--custom-rm-path", "badrm.fn"]
-    code = main(["train", *SMALL, *argv])
+    sys.modules.pop("badrm", None)
+    try:
+        code = main(["train", *SMALL, *argv])
+    finally:  # another test's badrm.py must not find this one imported (it has no `reward`)
+        sys.modules.pop("badrm", None)
     err = capsys.readouterr().err
     assert code == 1  # the run failed in the user's code: not a bad flag
     assert "sample 0" in err and "boom" in err or "ZeroDivisionError" in err
