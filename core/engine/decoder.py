@@ -145,7 +145,11 @@ def _mlp_linears(block: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm/Qwen3RMSNorm: float32 statistics, `weight * x.to(input dtype)`."""
+    """transformers' LlamaRMSNorm/Qwen3RMSNorm: float32 statistics, `weight * x.to(input dtype)`.
+
+    float32 goes through torch's fused `F.rms_norm` (one op; bitwise equal to the formula here)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -305,10 +309,13 @@ class Decoder:
         qkv = layer.qkv(_rms_norm(x, layer.in_norm, self.eps)).view(A, S, Hq + 2 * Hk, D)
         qk, v = qkv[:, :, : Hq + Hk], qkv[:, :, Hq + Hk :]
         if layer.q_norm is not None and layer.k_norm is not None:
-            x32 = qk.float()
-            qk = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(qk.dtype)
-            qk[:, :, :Hq].mul_(layer.q_norm)
-            qk[:, :, Hq:].mul_(layer.k_norm)
+            qk = torch.cat(
+                (
+                    _rms_norm(qk[:, :, :Hq], layer.q_norm, self.eps),
+                    _rms_norm(qk[:, :, Hq:], layer.k_norm, self.eps),
+                ),
+                2,
+            )
         half = D // 2
         qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
         x = x + layer.o(attend(qk[:, :, :Hq], qk[:, :, Hq:], v))
