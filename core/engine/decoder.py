@@ -42,9 +42,10 @@ _STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why `Decoder` cannot run `model`, or None when it can.
 
-    Checks `config.model_type` (SUPPORTED_MODEL_TYPES), SiLU MLP, full attention in every layer
-    (no sliding window), a static RoPE type, `pretraining_tp` 1, and the module layout
-    (`model.model.layers[i].self_attn.q_proj`, ..., `model.lm_head`).
+    Checks `config.model_type` (SUPPORTED_MODEL_TYPES, whose transformers classes share the layout
+    `model.model.layers[i].self_attn.q_proj`, ..., `model.lm_head` that `Decoder` reads), SiLU MLP,
+    full attention in every layer (no sliding window), `pretraining_tp` 1, and a rotary embedding
+    module at `model.model.rotary_emb` of a static RoPE type.
     """
     cfg = model.config
     kind = getattr(cfg, "model_type", None)
@@ -67,15 +68,19 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 
 class _Linear:
-    """y = x W^T + b with W (and b) the concatenation of source nn.Linear weights along the output dim,
-    kept as one tensor built from the sources (a copy: the sources stay as they are), prepacked for
-    oneDNN on CPU when `pack` (torch's `mkldnn._reorder_linear_weight` / `_linear_pointwise`, the ops
-    Inductor's CPU backend uses; see the module doc for what it gains)."""
+    """y = x W^T + b with W (and b) the concatenation of source nn.Linear weights [out_i, in] along the
+    output dim: a copy when there are several sources, the source itself when one (the model's
+    tensors are never written); prepacked for oneDNN on CPU when `pack` (another copy, in oneDNN's
+    layout: torch's `mkldnn._reorder_linear_weight` / `_linear_pointwise`, the ops Inductor's CPU
+    backend uses; see the module doc for what it gains).
+
+    Raises:
+        ValueError: some sources have a bias and others not.
+    """
 
     def __init__(self, sources: list[torch.Tensor], biases: list[torch.Tensor | None], pack: bool) -> None:
         if any(b is None for b in biases) and not all(b is None for b in biases):
             raise ValueError("Decoder: fused projections disagree on having a bias")
-        self.sources = sources
         self.weight = sources[0].detach() if len(sources) == 1 else torch.cat([w.detach() for w in sources])
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases if b is not None])
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None) if pack else None
