@@ -116,8 +116,11 @@ class TorchEngine:
         self.last_stats: dict[str, float] = {"tokens": 0, "seconds": 0.0, "tokens_per_s": 0.0}
         n_params = sum(p.numel() for p in self.model.parameters())
         self._note(
-            f"started with model {checkpoint} ({n_params:,} parameters), dtype {dtype}, device {self.device}, "
-            f"decoding with {'grpolab' if self._decoder is not None else 'transformers'}' forward"
+            f"started with model {checkpoint} ({n_params:,} parameters), dtype {dtype}, device {self.device}"
+        )
+        self._note(
+            "decoding with "
+            + ("grpolab's own forward" if self._decoder is not None else "transformers' forward")
         )
 
     def _note(self, line: str) -> None:
