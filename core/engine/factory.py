@@ -132,8 +132,12 @@ def router_engine_urls(router: str) -> list[str]:
 
     try:
         answer = call_json("GET", router + "/workers", None, timeout=ROUTER_TIMEOUT_S)
-    except (HttpCallError, ValueError) as e:
-        raise ValueError(f"{ROUTER_FLAGS}: no router answers at {router}: {e}") from None
+    except HttpCallError as e:
+        if e.status is None:  # refused, reset, timed out
+            raise ValueError(f"{ROUTER_FLAGS}: no router answers at {router}: {e}") from None
+        raise ValueError(f"{ROUTER_FLAGS}: the server at {router} is not an sglang-router: {e}") from None
+    except ValueError as e:  # it answered, but not JSON
+        raise ValueError(f"{ROUTER_FLAGS}: the server at {router} is not an sglang-router: {e}") from None
     workers = answer.get("workers") if isinstance(answer, dict) else None
     if not isinstance(workers, list):
         raise ValueError(

@@ -238,7 +238,8 @@ def test_a_web_server_that_is_not_a_router_is_named_so_in_one_line(tmp_path, tin
         server.server_close()
     message = str(info.value)
     assert message == (
-        f"--sglang-router-ip/--sglang-router-port: no router answers at {url}: GET {url}/workers: HTTP 404: "
+        f"--sglang-router-ip/--sglang-router-port: the server at {url} is not an sglang-router: "
+        f"GET {url}/workers: HTTP 404: "
         "an HTML page titled 'Error response' (not an sglang-router: GET /workers did not answer JSON)"
     )
     assert str(served.value).endswith(

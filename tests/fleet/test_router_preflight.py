@@ -132,7 +132,7 @@ def test_a_taken_router_port_answers_before_the_run_directory_and_torch(tmp_path
             404,
             "<html><head><title>Nope</title></head></html>",
             "text/html",
-            "no router answers at {url}: GET {url}/workers: HTTP 404: an HTML page titled 'Nope' "
+            "the server at {url} is not an sglang-router: GET {url}/workers: HTTP 404: an HTML page titled 'Nope' "
             "(not an sglang-router: GET /workers did not answer JSON)",
         ),
         (
