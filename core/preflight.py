@@ -4,7 +4,8 @@ A bad flag or input file should cost a second, not a model load, and leave no fa
 under runs/. `check_inputs` checks, in this order: the device, every output path
 (run dir, checkpoints, recording/grad-norm/event folders) and the checkpoint paths
 (`launch.check_on_this_machine`), the rollout engine kind, the model folder (config, tokenizer and
-whole weights, `model_files.check_model`), `--rollout-max-response-len` against the model's
+whole weights, `model_files.check_model`), that `--rollout-decode-path grpolab` names a model the
+decoder runs (`decode_support.check_decode_path`), `--rollout-max-response-len` against the model's
 `max_position_embeddings` (`check_response_length`), that every `--ci-ft-test-actions` item can
 fire (`faults.check_reachable`), every prompt file (`--prompt-data` and each
 `--eval-prompt-data NAME PATH`: readable, UTF-8 JSON lines or parquet, rows with the prompt and
@@ -50,11 +51,16 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     Raises:
         ValueError / FileNotFoundError: naming the flag and the file or address (`grpolab train` exits 2).
     """
+    from grpolab.core.engine.decode_support import check_decode_path
     from grpolab.core.engine.factory import ENGINES
 
     check_on_this_machine(config)
     ENGINES.get(config.rollout.rollout_engine)  # an unknown kind lists the known ones
     check_model(config.model.hf_checkpoint)
+    if config.rollout.sglang_router_ip is None:  # engines this run builds or launches load the model
+        check_decode_path(
+            config.model.rollout_decode_path, config.model.hf_checkpoint, "--rollout-decode-path"
+        )
     check_response_length(config)
     if config.ci.ci_ft_test_actions is not None:
         check_reachable(parse_fault_actions(config.ci.ci_ft_test_actions), config.rollout.num_rollout)

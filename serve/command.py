@@ -180,8 +180,10 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
         print(f"{prog} --batch-wait-ms must be >= 0, got {args.batch_wait_ms}", file=sys.stderr)
         return 2
     try:
+        from grpolab.core.engine.decode_support import check_decode_path
         from grpolab.core.modeling import model_fingerprint
 
+        check_decode_path(args.decode_path, args.hf_checkpoint, "--decode-path")  # before transformers loads
         model_fingerprint(args.hf_checkpoint)  # the path is a model (config.json or .gguf), before any bind
         sock = bind_socket(args.host, args.port)
     except (FileNotFoundError, ValueError, OSError) as e:

@@ -32,38 +32,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-"""`config.model_type`s this path implements; anything else decodes with the transformers forward."""
-_STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-"""RoPE types whose frequencies do not depend on the sequence length (transformers' `inv_freq` and
-`attention_scaling` are then all that is needed)."""
+from grpolab.core.engine.decode_support import unsupported_config_reason
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
-    """Why `Decoder` cannot run `model`, or None when it can.
-
-    Checks `config.model_type` (SUPPORTED_MODEL_TYPES, whose transformers classes share the layout
-    `model.model.layers[i].self_attn.q_proj`, ..., `model.lm_head` that `Decoder` reads), SiLU MLP,
-    full attention in every layer (no sliding window), `pretraining_tp` 1, and a rotary embedding
-    module at `model.model.rotary_emb` of a static RoPE type.
-    """
-    cfg = model.config
-    kind = getattr(cfg, "model_type", None)
-    if kind not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {kind!r} (this path implements {', '.join(SUPPORTED_MODEL_TYPES)})"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"hidden_act {cfg.hidden_act!r} (needs silu)"
-    if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or ["full_attention"]):
-        return "sliding-window layers"
-    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
-        return "sliding-window attention"
-    if getattr(cfg, "pretraining_tp", 1) != 1:
-        return f"pretraining_tp {cfg.pretraining_tp}"
+    """Why `Decoder` cannot run `model`, or None when it can: `decode_support.unsupported_config_reason`
+    on its config, and a rotary embedding module with `inv_freq` at `model.model.rotary_emb`."""
+    reason = unsupported_config_reason(model.config.to_dict())
+    if reason is not None:
+        return reason
     rope = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rope is None or not hasattr(rope, "inv_freq"):
         return "no rotary embedding module at model.model.rotary_emb"
-    if getattr(rope, "rope_type", "default") not in _STATIC_ROPE_TYPES:
-        return f"rope_type {rope.rope_type!r} (needs one of {', '.join(_STATIC_ROPE_TYPES)})"
     return None
 
 

@@ -133,7 +133,10 @@ def make_runner(
     reason = unsupported_reason(model)
     if reason is not None:
         if path == "grpolab":
-            raise ValueError(f"decode path 'grpolab' does not support this model: {reason}")
+            raise ValueError(
+                f"decode path grpolab (--rollout-decode-path, grpolab serve --decode-path): grpolab's decoder "
+                f"does not run this model: {reason}"
+            )
         return TransformersRunner(model), None
     if decoder is None or decoder.model is not model:
         decoder = Decoder(model)

@@ -11,6 +11,9 @@ weight updates between calls.
 from __future__ import annotations
 
 import random
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ import torch
 import transformers
 
 from grpolab.core.engine.base import GenerationRequest, SamplingParams
+from grpolab.core.engine.decode_support import check_decode_path, unsupported_config_reason
 from grpolab.core.engine.decoder import Decoder, unsupported_reason
 from grpolab.core.engine.model_runner import DecoderRunner, TransformersRunner
 from grpolab.core.engine.torch_engine import TorchEngine
@@ -158,7 +162,71 @@ def test_unsupported_models_decode_with_transformers(tmp_path: Path) -> None:
     assert eng._decoder is None and "decoding with transformers' forward" in eng.log_tail(1)[0]
     out = eng.generate([GenerationRequest(prompt_ids=[1, 2, 3], seed=0)], SamplingParams(max_new_tokens=3))
     assert len(out[0].response_ids) == 3
-    with pytest.raises(
-        ValueError, match="decode path 'grpolab' does not support this model: model_type 'gpt2'"
-    ):
+    with pytest.raises(ValueError, match="grpolab's decoder does not run this model: model_type 'gpt2'"):
         TorchEngine(tmp_path, show_progress=False, decode_path="grpolab")
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({}, None),
+        ({"model_type": "gpt2"}, "model_type 'gpt2'"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window layers"),
+        ({"use_sliding_window": True, "sliding_window": 64}, "sliding-window attention"),
+        ({"pretraining_tp": 2}, "pretraining_tp 2"),
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
+            "rope_type 'dynamic'",
+        ),
+        ({"rope_parameters": None, "rope_scaling": {"type": "longrope"}}, "rope_type 'longrope'"),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3",
+                    "rope_theta": 1e4,
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+            None,
+        ),
+    ],
+)
+def test_config_rules_match_the_loaded_model(change: dict, reason: str | None) -> None:
+    """The torch-free check (preflight, serve) and the loaded model's check give the same answer."""
+    config = _model("qwen3").config.to_dict() | change
+    got = unsupported_config_reason(config)
+    assert (got is None) if reason is None else (reason in str(got))
+    if "model_type" not in change and "rope_scaling" not in change:  # the same config as a loaded model
+        assert unsupported_reason(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config))) == got
+
+
+def test_grpolab_path_for_an_unsupported_model_is_refused_before_the_run(tmp_path: Path) -> None:
+    cfg = transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
+    shutil.copy(Path(__file__).parents[2] / "fixtures" / "tiny-qwen3" / "tokenizer.json", tmp_path / "gpt2")
+    shutil.copy(
+        Path(__file__).parents[2] / "fixtures" / "tiny-qwen3" / "tokenizer_config.json", tmp_path / "gpt2"
+    )
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        check_decode_path("grpolab", str(tmp_path / "gpt2"), "--rollout-decode-path")
+    check_decode_path("auto", str(tmp_path / "gpt2"), "--rollout-decode-path")  # auto falls back: no error
+    run_dir = tmp_path / "run"
+    argv = [
+        "--hf-checkpoint",
+        str(tmp_path / "gpt2"),
+        "--rollout-decode-path",
+        "grpolab",
+        "--run-dir",
+        str(run_dir),
+    ]
+    proc = subprocess.run([sys.executable, "-m", "grpolab", "train", *argv], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        "grpolab train: error: --rollout-decode-path grpolab: grpolab's decoder does not run "
+        f"{tmp_path / 'gpt2'}: model_type 'gpt2' (the decoder implements llama, qwen2, qwen3)"
+    ) in proc.stderr
+    assert not run_dir.exists()

@@ -1,0 +1,72 @@
+"""Which models grpolab's own decoder (`decoder.py`) runs, decided from the model's config alone.
+
+Torch-free, so that `grpolab train`'s preflight and `grpolab serve` refuse `--rollout-decode-path
+grpolab` / `--decode-path grpolab` for an unsupported model before anything heavy is imported or a
+run directory exists. `decoder.unsupported_reason` applies the same rules to a loaded model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+"""`config.model_type`s the decoder implements (their transformers classes share one module layout)."""
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+"""RoPE types whose frequencies do not depend on the sequence length (transformers' `inv_freq` and
+`attention_scaling` are then all the decoder needs)."""
+
+
+def unsupported_config_reason(config: Mapping[str, Any]) -> str | None:
+    """Why the decoder cannot run a model with this config.json content, or None when it can.
+
+    Checks `model_type` (SUPPORTED_MODEL_TYPES), a SiLU MLP (`hidden_act`), full attention in every
+    layer (`layer_types`, `use_sliding_window`), `pretraining_tp` 1, and a static RoPE type
+    (`rope_parameters` or the older `rope_scaling`: `rope_type` / `type`).
+    """
+    kind = config.get("model_type")
+    if kind not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {kind!r} (the decoder implements {', '.join(SUPPORTED_MODEL_TYPES)})"
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        return f"hidden_act {act!r} (needs silu)"
+    if any(t != "full_attention" for t in config.get("layer_types") or ["full_attention"]):
+        return "sliding-window layers"
+    if config.get("use_sliding_window") and config.get("sliding_window"):
+        return "sliding-window attention"
+    if config.get("pretraining_tp", 1) != 1:
+        return f"pretraining_tp {config['pretraining_tp']}"
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, Mapping) else "default"
+    if rope_type not in STATIC_ROPE_TYPES:
+        return f"rope_type {rope_type!r} (needs one of {', '.join(STATIC_ROPE_TYPES)})"
+    return None
+
+
+def check_decode_path(decode_path: str, checkpoint: str, flag: str) -> None:
+    """Refuse decode path "grpolab" for a model directory whose config.json the decoder does not run.
+
+    `flag` names the option in the message (`--rollout-decode-path`, `grpolab serve --decode-path`).
+    A `.gguf` checkpoint is not checked here (its config is inside the file; loading it checks).
+
+    Raises:
+        ValueError: naming `flag`, the checkpoint and the reason (also when config.json is unreadable).
+    """
+    from grpolab.core.model_files import split_checkpoint
+
+    if decode_path != "grpolab":
+        return
+    directory, gguf = split_checkpoint(checkpoint)
+    if gguf is not None:
+        return
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{flag} grpolab: cannot read {directory / 'config.json'}: {e}") from None
+    reason = unsupported_config_reason(config) if isinstance(config, dict) else "config.json is not an object"
+    if reason is not None:
+        raise ValueError(
+            f"{flag} grpolab: grpolab's decoder does not run {checkpoint}: {reason}; "
+            f"use {flag} auto (transformers' forward for this model) or transformers"
+        )
