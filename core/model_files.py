@@ -23,6 +23,7 @@ computed now, including those stored before the weights were fingerprinted.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
 import struct
@@ -116,13 +117,20 @@ def check_model(path: str | Path, *, tokenizer: bool = True, weights: bool = Tru
             expected file that is missing; a config.json, tokenizer.json or tokenizer_config.json
             that is not a JSON object; a truncated weight file with the size its header states and
             the size it has, or one that is not the format its name says; a .gguf whose header is not
-            GGUF's (`gguf_problem`).
+            GGUF's (`gguf_problem`), or one whose loading packages (`gguf`, `accelerate`: transformers
+            dequantizes with them) are not installed, when `weights`.
     """
     directory, gguf = split_checkpoint(path)
     if gguf is not None:
         problem = gguf_problem(directory / gguf)
         if problem:
             raise ValueError(f"--hf-checkpoint: {directory / gguf} {problem}")
+        missing_packages = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        if weights and missing_packages:
+            raise ValueError(
+                f"--hf-checkpoint: {directory / gguf} is a GGUF file; loading it needs the "
+                f"{' and '.join(missing_packages)} package(s): pip install -e '.[gguf]'"
+            )
         return directory, gguf
     missing = [] if (directory / "config.json").is_file() else ["config.json"]
     if tokenizer and not has_tokenizer(directory):

@@ -282,3 +282,21 @@ def test_a_gguf_the_gguf_reader_rejects_is_named(tmp_path: Path) -> None:
     bad.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + b"\xff" * 200)
     with pytest.raises(ValueError, match=r"bad\.gguf is not a readable GGUF file \(the gguf reader says"):
         check_model(bad)
+
+
+def test_a_gguf_without_its_loading_packages_is_named_before_loading(tmp_path: Path, monkeypatch) -> None:
+    """It was a traceback ending in transformers' ImportError, after a failed run folder was made."""
+    import importlib.util
+
+    good = tmp_path / "empty.gguf"  # a whole GGUF header: no tensors, no metadata
+    good.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
+    assert check_model(good) == (tmp_path, "empty.gguf")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a)
+    )
+    assert check_model(good, weights=False) == (tmp_path, "empty.gguf")  # nothing to load: not needed
+    with pytest.raises(
+        ValueError, match=r"empty\.gguf is a GGUF file; loading it needs the gguf package\(s\): pip"
+    ):
+        check_model(good)
