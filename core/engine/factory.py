@@ -39,13 +39,17 @@ def torch_engine(config: Config) -> RolloutEngine:
     from grpolab.core.engine.torch_engine import TorchEngine
 
     model = config.model
-    return TorchEngine(
+    engine = TorchEngine(
         model.hf_checkpoint,
         dtype=parse_dtype(model.rollout_dtype, "--rollout-dtype"),
         device=model.device,
         show_progress=config.run.show_progress,
         decode_path=model.rollout_decode_path,  # type: ignore[arg-type]  (validated by ModelConfig)
     )
+    log.info(
+        f"the engine decodes with {engine.forward_name} (--rollout-decode-path {model.rollout_decode_path})"
+    )
+    return engine
 
 
 ENGINES.register("torch")(torch_engine)

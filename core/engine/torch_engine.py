@@ -108,6 +108,8 @@ class TorchEngine:
         self.decode_path: DecodePath = decode_path
         self._decoder: Decoder | None = None  # grpolab's decoder, kept between calls
         _, self._decoder = make_runner(self.model, decode_path, None)  # refuses an unsupported "grpolab"
+        self.forward_name = "grpolab's own forward" if self._decoder is not None else "transformers' forward"
+        """Which forward decodes ("grpolab's own forward" or "transformers' forward"), for messages."""
         self._runner: ModelRunner | None = None  # the batch being decoded (KV cache), during generate
         self.weight_version = 0
         self.memory_released = False
@@ -118,10 +120,7 @@ class TorchEngine:
         self._note(
             f"started with model {checkpoint} ({n_params:,} parameters), dtype {dtype}, device {self.device}"
         )
-        self._note(
-            "decoding with "
-            + ("grpolab's own forward" if self._decoder is not None else "transformers' forward")
-        )
+        self._note(f"decoding with {self.forward_name}")
 
     def _note(self, line: str) -> None:
         """Append one line, stamped with UTC wall time, to the bounded in-memory log."""
