@@ -99,7 +99,7 @@ def reference_check(engine: TorchEngine, reference: TorchEngine, reqs: list, par
         for a, b in zip(ours, theirs)
         if a.response_ids == b.response_ids
     )
-    return f"{same} of {len(reqs)} samples token-identical, max |log-prob difference| {worst:.2e}"
+    return f"{same} of {len(reqs)} samples token-identical; on those, max |log-prob difference| {worst:.2e}"
 
 
 def checkpoint_of(which: str) -> str | Path:
