@@ -24,7 +24,12 @@ Measures, in one run of this script, each figure against a baseline measured in 
    `failed`) at the default `--engine-failure-timeout` 60 s (goal <= 60 s; a launched engine that
    exited cannot come back, so the run fails without waiting out the timeout).
 Absolute times are printed as context only; they depend on the machine's load.
-Run: `python benchmarks/bench_http_engine.py [--reps 3] [--rollouts 4] [--phase-rollouts 12] [--sync-reps 3]`.
+Every process runs `--threads` torch threads (default 1, like the other benchmarks): the runs get
+`--num-threads`, which `grpolab train` passes to the engines it launches (`grpolab serve --num-threads`).
+With torch's default (2 here) the engine server, the router and the trainer oversubscribed the 2 cores:
+2.15x against 1.48x with 1 thread, in runs minutes apart.
+Run: `python benchmarks/bench_http_engine.py [--reps 3] [--rollouts 4] [--phase-rollouts 12] [--sync-reps 3]
+[--threads 1]`.
 """
 
 from __future__ import annotations
@@ -56,13 +61,21 @@ def rollout_times(run_dir: Path, *flags: str) -> list[float]:
     return [r.metrics["perf/rollout_time"] for r in read_metrics(run_dir, "perf")][1:]
 
 
-def bench_rollout(tmp: Path, reps: int, rollouts: int) -> tuple[list[float], list[float]]:
+def bench_rollout(tmp: Path, reps: int, rollouts: int, threads: int) -> tuple[list[float], list[float]]:
     local: list[float] = []
     served: list[float] = []
     for rep in range(reps):
-        local += rollout_times(tmp / f"inproc{rep}", "--num-rollout", str(rollouts))
+        local += rollout_times(
+            tmp / f"inproc{rep}", "--num-rollout", str(rollouts), "--num-threads", str(threads)
+        )
         served += rollout_times(
-            tmp / f"served{rep}", "--num-rollout", str(rollouts), "--rollout-num-engines", "1"
+            tmp / f"served{rep}",
+            "--num-rollout",
+            str(rollouts),
+            "--rollout-num-engines",
+            "1",
+            "--num-threads",
+            str(threads),
         )
     return local, served
 
@@ -91,7 +104,7 @@ def default_requests(rollout: int) -> tuple[list, object]:
     return requests, params
 
 
-def bench_phases(tmp: Path, rollouts: int) -> tuple[dict[str, float], float, float]:
+def bench_phases(tmp: Path, rollouts: int, threads: int) -> tuple[dict[str, float], float, float]:
     """Where an HTTP rollout's time goes: ({phase: median ms}, median s through the router, median s
     in-process), the default run's rollout through 1 engine alternated with the in-process engine in this
     process, `rollouts` times (the first of each dropped). Phases: `check_health`, the engines'
@@ -104,7 +117,9 @@ def bench_phases(tmp: Path, rollouts: int) -> tuple[dict[str, float], float, flo
     from grpolab.core.engine.torch_engine import TorchEngine
 
     local = TorchEngine(str(TINY_MODEL), show_progress=False)
-    fleet = Fleet.launch(checkpoint=str(TINY_MODEL), num_engines=1, run_dir=tmp / "phases")
+    fleet = Fleet.launch(
+        checkpoint=str(TINY_MODEL), num_engines=1, run_dir=tmp / "phases", num_threads=threads
+    )
     engine = HttpEngine(
         router_url=fleet.router_url, engine_urls=[fleet.engines[0].url], fleet=fleet, request_timeout_s=600
     )
@@ -159,7 +174,7 @@ def bench_phases(tmp: Path, rollouts: int) -> tuple[dict[str, float], float, flo
     return split, median(served[1:]), median(in_process[1:])
 
 
-def bench_sync(tmp: Path, reps: int) -> tuple[str, float, float, int]:
+def bench_sync(tmp: Path, reps: int, threads: int) -> tuple[str, float, float, int]:
     """(model name, in-process seconds, HTTP seconds, bytes) of one full-model sync, medians."""
     from grpolab.core.config.training import ColocateConfig
     from grpolab.core.engine.fleet import Fleet
@@ -184,7 +199,7 @@ def bench_sync(tmp: Path, reps: int) -> tuple[str, float, float, int]:
         return median(times), moved
 
     local, moved = timed(TorchEngine(model, show_progress=False))
-    fleet = Fleet.launch(checkpoint=model, num_engines=1, run_dir=tmp / "sync")
+    fleet = Fleet.launch(checkpoint=model, num_engines=1, run_dir=tmp / "sync", num_threads=threads)
     try:
         urls = [e.url for e in fleet.engines]
         http, _ = timed(
@@ -224,25 +239,37 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=4, help="--num-rollout of each default run")
     parser.add_argument("--phase-rollouts", type=int, default=12, help="rollouts of the phase split")
     parser.add_argument("--sync-reps", type=int, default=3, help="full-model syncs per engine")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of every side: --num-threads of each run (which its engines get) and of this "
+        "process (default 1, as the other benchmarks; on 2 cores, 2 threads a process oversubscribe)",
+    )
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-http-engine-"))
-    print(f"machine: {machine()}, load average {os.getloadavg()[0]:.2f}")
+    import torch
 
-    local, served = bench_rollout(tmp, args.reps, args.rollouts)
+    torch.set_num_threads(args.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-http-engine-"))
+    print(
+        f"machine: {machine()}, load average {os.getloadavg()[0]:.2f}, torch threads {args.threads} per process"
+    )
+
+    local, served = bench_rollout(tmp, args.reps, args.rollouts, args.threads)
     print(
         f"1. rollout time, default run, rollouts 1..{args.rollouts - 1} x {args.reps} runs each: router + 1 "
         f"engine / in-process = {median(served) / median(local):.2f}x by median ({median(served):.3f} s vs "
         f"{median(local):.3f} s), {min(served) / min(local):.2f}x by fastest ({min(served):.3f} s vs "
         f"{min(local):.3f} s; the least disturbed by other load) (goal <= 1.15x)"
     )
-    split, served_s, local_s = bench_phases(tmp, args.phase_rollouts)
+    split, served_s, local_s = bench_phases(tmp, args.phase_rollouts, args.threads)
     print(
         f"1b. one rollout's split (ms, median of {args.phase_rollouts - 1}, the default run's 64 requests "
         f"alternated with the in-process engine in one process): "
         + ", ".join(f"{k} {v:.1f}" for k, v in split.items())
         + f"; total {1000 * served_s:.1f} vs in-process {1000 * local_s:.1f} = {served_s / local_s:.2f}x"
     )
-    name, sync_local, sync_http, moved = bench_sync(tmp, args.sync_reps)
+    name, sync_local, sync_http, moved = bench_sync(tmp, args.sync_reps, args.threads)
     print(
         f"2. weight sync, {name}, {moved / 2**20:.0f} MiB, median of {args.sync_reps}: "
         f"/update_weights_from_disk {sync_http:.3f} s vs in-process copy {sync_local:.3f} s "

@@ -59,6 +59,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         "model is supported; default)",
     )
     p.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="torch CPU intra-op threads of the engine (default: torch's; grpolab train --rollout-num-engines "
+        "passes its own --num-threads, so engines and trainer do not oversubscribe the cores)",
+    )
+    p.add_argument(
         "--batch-wait-ms", type=float, default=BATCH_WAIT_S * 1000, help="gather window before a batch starts"
     )
     return p
@@ -176,6 +183,9 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
     if not is_loopback(args.host) and not args.api_key:
         print(f"{prog} --host {args.host} is not a loopback address; it needs --api-key", file=sys.stderr)
         return 2
+    if args.num_threads is not None and args.num_threads < 1:
+        print(f"{prog} --num-threads must be >= 1, got {args.num_threads}", file=sys.stderr)
+        return 2
     if args.batch_wait_ms < 0:
         print(f"{prog} --batch-wait-ms must be >= 0, got {args.batch_wait_ms}", file=sys.stderr)
         return 2
@@ -199,6 +209,10 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
         batch_wait_s=args.batch_wait_ms / 1000,
         launch_command=shlex.join(["grpolab", *(argv or sys.argv[1:])]),
     )
+    if args.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
     try:
         state = load_state(settings, device=args.device, dtype=args.dtype, decode_path=args.decode_path)
     except (FileNotFoundError, ValueError) as e:

@@ -84,6 +84,7 @@ def sglang_engine(config: Config) -> RolloutEngine:
             device=model.device,
             dtype=model.rollout_dtype,
             decode_path=model.rollout_decode_path,
+            num_threads=config.run.num_threads,
             router_port=rollout.sglang_router_port,
             request_timeout_s=timeout,
         )

@@ -204,6 +204,7 @@ class Fleet:
         device: str = "cpu",
         dtype: str = "float32",
         decode_path: str = "auto",
+        num_threads: int | None = None,
         router_port: int | None = None,
         request_timeout_s: float = 600.0,
         startup_timeout_s: float = STARTUP_TIMEOUT_S,
@@ -221,14 +222,10 @@ class Fleet:
         port = router_port if router_port is not None else free_port()
         check_can_launch(port)  # again: preflight checked, but the port may have been taken since
         serve = [sys.executable, "-m", "grpolab", "serve", "--hf-checkpoint", str(checkpoint), "--port", "0"]
-        serve += [
-            "--device",
-            device,
-            "--dtype",
-            dtype,
-            "--decode-path",
-            decode_path,
-        ]  # the default 10 ms gather: the HTTP engine holds
+        serve += ["--device", device, "--dtype", dtype, "--decode-path", decode_path]
+        if num_threads is not None:  # the run's --num-threads: engines and trainer share this machine's cores
+            serve += ["--num-threads", str(num_threads)]
+        # the default 10 ms gather: the HTTP engine holds
         # a rollout's requests (pause in_place) until all arrived, so no wider window is needed
         engines = [
             _spawn(f"engine {i}", serve, Path(run_dir) / "engines" / f"{i}.log") for i in range(num_engines)

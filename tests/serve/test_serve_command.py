@@ -57,3 +57,31 @@ def test_port_out_of_range_is_exit_2(tiny_model_dir, capsys, port):
         main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--port", port])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--port must be" in err and "0..65535" in err and "Traceback" not in err
+
+
+def test_num_threads_below_one_is_exit_2(tiny_model_dir, capsys):
+    assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--port", "0", "--num-threads", "0"]) == 2
+    assert "grpolab serve: error: --num-threads must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_launched_fleet_gives_its_engines_the_runs_thread_count(tmp_path, monkeypatch):
+    """On 2 cores, engines on torch's default 2 threads beside the router and the trainer made a rollout
+    through the router 2.15x the in-process one; with the run's 1 thread, 1.48x (bench_http_engine.py)."""
+    pytest.importorskip("sglang_router")
+    from grpolab.core.engine import fleet
+
+    spawned: list[list[str]] = []
+
+    class Spawned(Exception):
+        pass
+
+    def record(name, argv, log_path):
+        spawned.append(argv)
+        raise Spawned
+
+    monkeypatch.setattr(fleet, "_spawn", record)
+    for threads, expected in ((3, ["--num-threads", "3"]), (None, [])):
+        with pytest.raises(Spawned):
+            fleet.Fleet.launch(checkpoint="m", num_engines=1, run_dir=tmp_path, num_threads=threads)
+        argv = spawned[-1]
+        assert argv[argv.index("serve") :][-len(expected) - 1 :] == ["auto", *expected]
