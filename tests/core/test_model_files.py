@@ -290,13 +290,20 @@ def test_a_gguf_without_its_loading_packages_is_named_before_loading(tmp_path: P
 
     good = tmp_path / "empty.gguf"  # a whole GGUF header: no tensors, no metadata
     good.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))
-    assert check_model(good) == (tmp_path, "empty.gguf")
     real_find_spec = importlib.util.find_spec
+    specs = {"gguf": None, "accelerate": None}  # None: not installed
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a)
+        importlib.util,
+        "find_spec",
+        lambda name, *a: specs[name] if name in specs else real_find_spec(name, *a),
     )
     assert check_model(good, weights=False) == (tmp_path, "empty.gguf")  # nothing to load: not needed
     with pytest.raises(
-        ValueError, match=r"empty\.gguf is a GGUF file; loading it needs the gguf package\(s\): pip"
+        ValueError, match=r"empty\.gguf is a GGUF file; loading it needs the gguf and accelerate package\(s\)"
     ):
         check_model(good)
+    specs["gguf"] = real_find_spec("json")  # any spec: "installed"
+    with pytest.raises(ValueError, match=r"needs the accelerate package\(s\): pip install -e '\.\[gguf\]'"):
+        check_model(good)
+    specs["accelerate"] = real_find_spec("json")
+    assert check_model(good) == (tmp_path, "empty.gguf")

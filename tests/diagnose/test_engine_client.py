@@ -170,9 +170,10 @@ def test_torch_engine_logs_what_it_did(tiny_model_dir: Path) -> None:
     engine.release_memory()
     engine.resume_memory()
     engine.shutdown(reason="a test")
-    tail = engine.log_tail(4)
+    tail = engine.log_tail(5)
     assert "started with model" in tail[0] and "dtype torch.float32, device cpu" in tail[0]
     assert [line.split(" ", 1)[1] for line in tail[1:]] == [
+        "decoding with grpolab's own forward",
         "memory released",
         "memory resumed",
         "shut down by a test",
