@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from grpolab.cli import build_parser, config_from_args
@@ -50,3 +52,25 @@ def events(run_dir: Path, name: str | None = None) -> list[dict]:
     """events.jsonl records, all or those named `name`."""
     rows = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     return [r for r in rows if name is None or r["event"] == name]
+
+
+_CLI_PROBE = """
+import json, sys
+from grpolab.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+"""
+
+
+def cli_in_fresh_process(argv: list[str], cwd: Path) -> tuple[int, list[str], subprocess.CompletedProcess]:
+    """`grpolab *argv` in a fresh interpreter (working directory `cwd`): (its exit code, which of torch
+    and transformers it imported, the finished process)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLI_PROBE, *argv], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    return result["code"], result["heavy"], proc

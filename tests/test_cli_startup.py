@@ -7,25 +7,14 @@ its own interpreter, since `sys.modules` of the test process already holds torch
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from runs import cli_in_fresh_process
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_LOG = REPO / "tests" / "diagnose" / "fixtures" / "killed_engine_run" / "console.log"
 
-PROBE = """
-import json, sys
-from grpolab.cli import main
-try:
-    code = main(sys.argv[1:])
-except SystemExit as e:
-    code = e.code
-print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
-"""
 
 CASES: list[tuple[list[str], int]] = [
     (["--help"], 0),
@@ -50,10 +39,6 @@ CASES: list[tuple[list[str], int]] = [
 
 @pytest.mark.parametrize(("argv", "code"), CASES, ids=[" ".join(a[:3]) for a, _ in CASES])
 def test_the_command_imports_no_torch_or_transformers(argv: list[str], code: int, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.splitlines()[-1])
-    assert result["code"] == code, proc.stderr
-    assert result["heavy"] == [], f"grpolab {' '.join(argv)} imported {result['heavy']}"
+    got, heavy, proc = cli_in_fresh_process(argv, tmp_path)
+    assert got == code, proc.stderr
+    assert heavy == [], f"grpolab {' '.join(argv)} imported {heavy}"

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from runs import cli_in_fresh_process
 
 from grpolab.cli import build_parser
 from grpolab.core.config.flags import config_from_args
@@ -25,15 +24,6 @@ from grpolab.core.engine.factory import router_url, running_fleet_engines
 from grpolab.core.engine.fleet import Fleet, PortInUseError
 from grpolab.core.preflight import check_inputs, check_rollout_servers
 
-PROBE = """
-import json, sys
-from grpolab.cli import main
-try:
-    code = main(sys.argv[1:])
-except SystemExit as e:
-    code = e.code
-print(json.dumps({"code": code, "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
-"""
 TRAIN_USAGE = "usage: grpolab train [--FLAG VALUE ...]"
 
 
@@ -79,16 +69,12 @@ def _train(tmp_path: Path, *flags: str) -> tuple[int, list[str], str]:
     rec = tmp_path / "rec" / "r_{rollout_id}.grz"
     argv = ["train", "--run-dir", str(tmp_path / "run"), "--save", str(save)]
     argv += ["--save-debug-rollout-data", str(rec), *flags]
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path
-    )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.splitlines()[-1])
+    code, heavy, proc = cli_in_fresh_process(argv, tmp_path)
     assert not (tmp_path / "run").exists(), "a run directory was made for a bad router flag"
     assert [p.name for p in save.iterdir()] == ["note.txt"] and (save / "note.txt").read_text() == "mine"
     assert not (tmp_path / "rec").exists()
     assert not (tmp_path / "runs").exists()
-    return result["code"], result["heavy"], proc.stderr
+    return code, heavy, proc.stderr
 
 
 def _router_flags(url: str) -> list[str]:
