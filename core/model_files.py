@@ -108,6 +108,11 @@ def has_tokenizer(directory: Path) -> bool:
     return any((directory / name).is_file() for name in (*TOKENIZER_FILES, "sentencepiece.bpe.model"))
 
 
+def missing_gguf_packages() -> list[str]:
+    """The packages transformers needs to load a .gguf (`gguf`, `accelerate`) that are not installed."""
+    return [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+
+
 def check_model(path: str | Path, *, tokenizer: bool = True, weights: bool = True) -> tuple[Path, str | None]:
     """Check that `--hf-checkpoint` holds a config, a tokenizer (if `tokenizer`) and whole weights (if
     `weights`); return `split_checkpoint(path)`.
@@ -125,7 +130,7 @@ def check_model(path: str | Path, *, tokenizer: bool = True, weights: bool = Tru
         problem = gguf_problem(directory / gguf)
         if problem:
             raise ValueError(f"--hf-checkpoint: {directory / gguf} {problem}")
-        missing_packages = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        missing_packages = missing_gguf_packages()
         if weights and missing_packages:
             raise ValueError(
                 f"--hf-checkpoint: {directory / gguf} is a GGUF file; loading it needs the "
