@@ -222,11 +222,11 @@ class Fleet:
         port = router_port if router_port is not None else free_port()
         check_can_launch(port)  # again: preflight checked, but the port may have been taken since
         serve = [sys.executable, "-m", "grpolab", "serve", "--hf-checkpoint", str(checkpoint), "--port", "0"]
+        # no --batch-wait-ms: the default 10 ms gather is enough, since the HTTP engine holds a rollout's
+        # requests (pause in_place) until all arrived
         serve += ["--device", device, "--dtype", dtype, "--decode-path", decode_path]
         if num_threads is not None:  # the run's --num-threads: engines and trainer share this machine's cores
             serve += ["--num-threads", str(num_threads)]
-        # the default 10 ms gather: the HTTP engine holds
-        # a rollout's requests (pause in_place) until all arrived, so no wider window is needed
         engines = [
             _spawn(f"engine {i}", serve, Path(run_dir) / "engines" / f"{i}.log") for i in range(num_engines)
         ]

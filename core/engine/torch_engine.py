@@ -106,8 +106,8 @@ class TorchEngine:
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id: int = int(pad) if isinstance(pad, int) else 0
         self.decode_path: DecodePath = decode_path
-        self._decoder: Decoder | None = None  # grpolab's decoder, kept between calls
-        _, self._decoder = make_runner(self.model, decode_path, None)  # refuses an unsupported "grpolab"
+        _, decoder = make_runner(self.model, decode_path, None)  # refuses an unsupported "grpolab"
+        self._decoder: Decoder | None = decoder  # grpolab's decoder (None: transformers'), kept between calls
         self.forward_name = "grpolab's own forward" if self._decoder is not None else "transformers' forward"
         """Which forward decodes ("grpolab's own forward" or "transformers' forward"), for messages."""
         self._runner: ModelRunner | None = None  # the batch being decoded (KV cache), during generate
