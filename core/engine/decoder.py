@@ -11,7 +11,9 @@ the same arithmetic with fewer, larger calls:
   memory);
 - a KV cache preallocated for prompt + max_new_tokens, written in place and read only up to the
   filled length (no per-step concatenation);
-- q and k normalised (Qwen3) and rotated together; rotary cos/sin read from a table;
+- q and k normalised together (Qwen3: one RMSNorm, weights [Hq + Hk, D]) and rotated together; rotary
+  cos and sign-folded sin read from a table;
+- on CPU in float32, each residual add is the post-op of the projection before it (one oneDNN call);
 - single-token attention as two batched matmuls over the kv-head groups (no repeat of k/v).
 The math is transformers' (`modeling_llama.py` / `modeling_qwen3.py` in transformers 5.x): RMSNorm
 in float32, `weight * x.to(dtype)`; rotate-half RoPE with transformers' own `inv_freq` and
@@ -71,6 +73,14 @@ class _Linear:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
+    def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`self(x) + residual` ([..., out]). Packed float32: one oneDNN call with the add as its post-op,
+        bitwise equal to the two ops (the float32 product is added as the separate add would); bfloat16
+        keeps the two ops (the post-op would add before rounding the product to bfloat16)."""
+        if self.packed is None or x.dtype != torch.float32:
+            return self(x) + residual
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
+
 
 @dataclass
 class _Layer:
@@ -78,8 +88,7 @@ class _Layer:
 
     in_norm: torch.Tensor  # [H]
     qkv: _Linear  # [(Hq + 2 Hk) D, H]
-    q_norm: torch.Tensor | None  # [D] (Qwen3's per-head RMSNorm of q), else None
-    k_norm: torch.Tensor | None  # [D]
+    qk_norm: torch.Tensor | None  # [Hq + Hk, D]: Qwen3's q_norm weight per query head, k_norm per kv head
     o: _Linear  # [H, Hq D]
     post_norm: torch.Tensor  # [H]
     gate_up: _Linear  # [2 I, H]
@@ -130,11 +139,15 @@ def _mlp_linears(block: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm/Qwen3RMSNorm: float32 statistics, `weight * x.to(input dtype)`.
+    """transformers' LlamaRMSNorm/Qwen3RMSNorm over x's last dim: float32 statistics, `weight * x.to(input
+    dtype)`; `weight` [last dim], or [..., last dim] broadcast over x (several norms' weights at once).
 
-    float32 goes through torch's fused `F.rms_norm` (one op; bitwise equal to the formula here)."""
+    float32 goes through torch's fused `F.rms_norm` (one op; bitwise equal to the formula here, also
+    when a broadcast weight multiplies its unweighted result)."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -174,20 +187,22 @@ class Decoder:
         rope = body.rotary_emb
         self._inv_freq = rope.inv_freq.detach().float()
         self._rope_scale = float(getattr(rope, "attention_scaling", 1.0))
-        self._cos = self._sin = torch.empty(0)
+        self._cos = self._sin = torch.empty(0)  # sin with its first half negated (see `_block`)
         self.layers: list[_Layer] = []
         self.lm_head = _Linear([model.lm_head.weight], [None], False)
         self._stamp: list[tuple[int, int]] = []
         self.refresh()
 
     def _sources(self) -> list[torch.Tensor]:
-        """Every parameter a `_Linear` copies: projections (weights, biases) and the lm_head."""
+        """Every parameter the decoder copies: projections (weights, biases), the lm_head, q/k norms."""
         out = [self.model.lm_head.weight]
         for block in self.model.model.layers:
             for lin in (*_attention_linears(block), *_mlp_linears(block)):
                 out.append(lin.weight)
                 if lin.bias is not None:
                     out.append(lin.bias)
+            if hasattr(block.self_attn, "q_norm"):
+                out += [block.self_attn.q_norm.weight, block.self_attn.k_norm.weight]
         return out
 
     def refresh(self) -> bool:
@@ -205,12 +220,19 @@ class Decoder:
         attn = block.self_attn
         q, k, v, o = _attention_linears(block)
         gate, up, down = _mlp_linears(block)
-        has_qk_norm = hasattr(attn, "q_norm")
+        qk_norm = None
+        if hasattr(attn, "q_norm"):
+            D = self.head_dim
+            qk_norm = torch.cat(
+                (
+                    attn.q_norm.weight.detach().expand(self.n_heads, D),
+                    attn.k_norm.weight.detach().expand(self.n_kv, D),
+                )
+            )
         return _Layer(
             in_norm=block.input_layernorm.weight,
             qkv=_Linear([q.weight, k.weight, v.weight], [q.bias, k.bias, v.bias], self.pack),
-            q_norm=attn.q_norm.weight if has_qk_norm else None,
-            k_norm=attn.k_norm.weight if has_qk_norm else None,
+            qk_norm=qk_norm,
             o=_Linear([o.weight], [o.bias], self.pack),
             post_norm=block.post_attention_layernorm.weight,
             gate_up=_Linear([gate.weight, up.weight], [gate.bias, up.bias], self.pack),
@@ -234,15 +256,17 @@ class Decoder:
         )
 
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [*pos.shape, 1, D] in the model dtype for int64 positions, from a table computed
-        as transformers' rotary embedding does (float32 `pos * inv_freq`, doubled, cos/sin, scaled)."""
+        """cos, ±sin [*pos.shape, 1, D] in the model dtype for int64 positions, from a table computed
+        as transformers' rotary embedding does (float32 `pos * inv_freq`, doubled, cos/sin, scaled);
+        the sin's first half negated (rotate-half's sign, folded into the table)."""
         need = int(pos.max()) + 1
         if self._cos.shape[0] < need:
             n = max(need, 2 * self._cos.shape[0], 256)
             freqs = torch.arange(n, device=self.device).float()[:, None] * self._inv_freq.to(self.device)
             emb = torch.cat((freqs, freqs), dim=-1)
             self._cos = (emb.cos() * self._rope_scale).to(self.dtype)
-            self._sin = (emb.sin() * self._rope_scale).to(self.dtype)
+            sin = (emb.sin() * self._rope_scale).to(self.dtype)
+            self._sin = torch.cat((-sin[:, : sin.shape[1] // 2], sin[:, sin.shape[1] // 2 :]), dim=-1)
         return self._cos[pos].unsqueeze(-2), self._sin[pos].unsqueeze(-2)
 
     # ------------------------------------------------------------------ forward
@@ -293,19 +317,14 @@ class Decoder:
         Hq, Hk, D = self.n_heads, self.n_kv, self.head_dim
         qkv = layer.qkv(_rms_norm(x, layer.in_norm, self.eps)).view(A, S, Hq + 2 * Hk, D)
         qk, v = qkv[:, :, : Hq + Hk], qkv[:, :, Hq + Hk :]
-        if layer.q_norm is not None and layer.k_norm is not None:
-            qk = torch.cat(
-                (
-                    _rms_norm(qk[:, :, :Hq], layer.q_norm, self.eps),
-                    _rms_norm(qk[:, :, Hq:], layer.k_norm, self.eps),
-                ),
-                2,
-            )
+        if layer.qk_norm is not None:
+            qk = _rms_norm(qk, layer.qk_norm, self.eps)
+        # rotate-half RoPE: x cos + cat(-x2, x1) sin, with the sign in the table (-x2 * s == x2 * -s, exactly)
         half = D // 2
-        qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
-        x = x + layer.o(attend(qk[:, :, :Hq], qk[:, :, Hq:], v))
+        qk = qk * cos + torch.cat((qk[..., half:], qk[..., :half]), dim=-1) * sin
+        x = layer.o.plus(attend(qk[:, :, :Hq], qk[:, :, Hq:], v), x)
         gate, up = layer.gate_up(_rms_norm(x, layer.post_norm, self.eps)).chunk(2, -1)
-        return x + layer.down(F.silu(gate) * up)
+        return layer.down.plus(F.silu(gate).mul_(up), x)
 
     def _attend_prompt(
         self,

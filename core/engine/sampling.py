@@ -52,7 +52,9 @@ def filtered_log_probs(
         order_AV: [A, V] int64 vocab ids sorted by descending probability (the kept set of row a is
             `order_AV[a, :n_A[a]]`), or None when nothing is filtered.
     """
-    scaled_AV = logits_AV.float() / params.temperature
+    scaled_AV = logits_AV.float()
+    if params.temperature != 1.0:  # x / 1.0 == x: skip the pass
+        scaled_AV = scaled_AV / params.temperature
     if not params.filters_support:
         return torch.log_softmax(scaled_AV, dim=-1), None, None
     A, V = scaled_AV.shape

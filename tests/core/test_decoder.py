@@ -52,6 +52,8 @@ def _model(kind: str, seed: int = 0) -> torch.nn.Module:
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.1)
+            elif name.endswith("norm.weight"):  # not all ones: a norm weight read wrongly must show
+                p.normal_(1.0, 0.2)
     return model.eval().requires_grad_(False)
 
 
@@ -142,6 +144,24 @@ def test_weight_updates_reach_the_decoder(ckpts: tuple[Path, Path]) -> None:
     eng.release_memory()
     eng.resume_memory()
     _same(eng.generate(reqs, params), after)
+
+
+@pytest.mark.parametrize("norm", ["q_norm", "k_norm"])
+def test_a_write_to_one_qk_norm_reaches_the_decoder(norm: str) -> None:
+    """The decoder keeps q_norm and k_norm merged per head ([Hq + Hk, D]); a write to one of them alone
+    (in place, as a weight sync does) must be seen at the next prefill."""
+    model = _model("qwen3")
+    ids, mask = _left_padded(_prompts(3))
+    runner = DecoderRunner(Decoder(model))
+    with torch.inference_mode():
+        before = runner.prefill(ids, mask, ids.shape[1] + 1)
+    with torch.no_grad():
+        getattr(model.model.layers[1].self_attn, norm).weight.mul_(1.5)
+    with torch.inference_mode():
+        after = runner.prefill(ids, mask, ids.shape[1] + 1)
+        want = TransformersRunner(model).prefill(ids, mask, ids.shape[1] + 1)
+    assert not torch.allclose(after, before, atol=1e-3)
+    torch.testing.assert_close(after, want, atol=1e-4, rtol=0)
 
 
 def test_bfloat16_runs_close_to_transformers(ckpts: tuple[Path, Path]) -> None:
