@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpolab.core.devices import check_device_present
+
 if TYPE_CHECKING:
     from grpolab.core.config import Config
 
@@ -52,12 +54,7 @@ def check_on_this_machine(config: Config) -> None:
             that cannot be a directory (`check_output_paths`); `--save` holding another run's
             checkpoints; `--load` naming a file or nothing (each message names the flag).
     """
-    device = config.model.device
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {device}: this torch build or machine has no CUDA device")
+    check_device_present(config.model.device, "--device")
     check_output_paths(config)
     save, load = config.checkpoint.save, config.checkpoint.load
     continuing = load is not None and save is not None and Path(load).resolve() == Path(save).resolve()

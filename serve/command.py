@@ -49,7 +49,7 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         help="SGLang's flag: a request without sampling_seed gets seed 42 (without it, a fresh random seed)",
     )
     p.add_argument("--served-model-name", default=None, help="model id in /model_info and /v1/models")
-    p.add_argument("--device", default="cpu", help="engine device: cpu or cuda[:i] (default cpu)")
+    p.add_argument("--device", default="cpu", help="engine device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default="float32", help="engine dtype: float32 or bfloat16 (default float32)")
     p.add_argument(
         "--decode-path",
@@ -190,13 +190,31 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
         print(f"{prog} --batch-wait-ms must be >= 0, got {args.batch_wait_ms}", file=sys.stderr)
         return 2
     try:
+        from grpolab.core.devices import check_device, check_device_present
+        from grpolab.core.dtypes import check_dtype
         from grpolab.core.engine.decode_support import check_decode_path
+        from grpolab.core.model_files import check_model
+
+        # the flags and the model folder first, without transformers (a mistake answers in < 1 s)
+        check_dtype(args.dtype, "--dtype")
+        check_device(args.device, "--device")
+        check_model(
+            args.hf_checkpoint
+        )  # config, tokenizer and weight files, each named when missing or broken
+        check_decode_path(args.decode_path, args.hf_checkpoint, "--decode-path")
+        check_device_present(args.device, "--device")  # imports torch only for a CUDA device
+        sock = bind_socket(args.host, args.port)  # a port in use answers before transformers loads, too
+    except (FileNotFoundError, ValueError, OSError) as e:
+        print(f"{prog} {e}", file=sys.stderr)
+        return 2
+    try:
         from grpolab.core.modeling import model_fingerprint
 
-        check_decode_path(args.decode_path, args.hf_checkpoint, "--decode-path")  # before transformers loads
-        model_fingerprint(args.hf_checkpoint)  # the path is a model (config.json or .gguf), before any bind
-        sock = bind_socket(args.host, args.port)
+        model_fingerprint(
+            args.hf_checkpoint
+        )  # transformers reads the config (and the GGUF loads) as the engine will
     except (FileNotFoundError, ValueError, OSError) as e:
+        sock.close()
         print(f"{prog} {e}", file=sys.stderr)
         return 2
     settings = ServeSettings(

@@ -14,6 +14,7 @@ from runs import cli_in_fresh_process
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_LOG = REPO / "tests" / "diagnose" / "fixtures" / "killed_engine_run" / "console.log"
+TINY = str(REPO / "fixtures" / "tiny-qwen3")
 
 
 CASES: list[tuple[list[str], int]] = [
@@ -32,6 +33,9 @@ CASES: list[tuple[list[str], int]] = [
     (["train", "--advantage-estimator", "ppo"], 2),
     (["train", "--hf-checkpoint", "/nonexistent/model"], 2),  # preflight: files, reward, engine kind
     (["train", "--rm-type", "no_such_reward"], 2),
+    (["serve", "--hf-checkpoint", TINY, "--dtype", "float16"], 2),  # checked before loading
+    (["serve", "--hf-checkpoint", TINY, "--device", "gpu"], 2),
+    (["serve", "--hf-checkpoint", "/nonexistent/model"], 2),
     (["gate", str(FIXTURE_LOG)], 0),  # real work: the step-0 checks of a console log
     (["diagnose", "log", str(FIXTURE_LOG)], 1),  # real work: the log doctor finds the dead engine
 ]

@@ -37,12 +37,13 @@ class ModelConfig:
 
     The valid names are core/dtypes.py's DTYPES, as for rollout_dtype."""
     device: str = "cpu"
-    """cpu or cuda[:N]; engine and trainer are colocated on it.
+    """cpu, cuda or cuda:N (`core.devices.check_device`); engine and trainer are colocated on it.
 
     Whether this machine has the device is checked when `grpolab train` starts (core/launch.py), not
     here, so a GPU run's run.json reads back on any machine."""
 
     def __post_init__(self) -> None:
+        from grpolab.core.devices import check_device  # no torch either
         from grpolab.core.dtypes import check_dtype  # no torch: a flag error answers before it loads
 
         check_dtype(self.rollout_dtype, "--rollout-dtype")  # ValueError lists the valid names
@@ -53,10 +54,7 @@ class ModelConfig:
             self.rollout_decode_path in DECODE_PATHS,
             f"--rollout-decode-path must be one of {', '.join(DECODE_PATHS)}, got {self.rollout_decode_path!r}",
         )
-        require(
-            self.device.split(":")[0] in ("cpu", "cuda"),
-            f"--device must be cpu or cuda[:N], got {self.device!r}",
-        )
+        check_device(self.device, "--device")  # ValueError: cpu, cuda or cuda:N
 
 
 @dataclass(kw_only=True)

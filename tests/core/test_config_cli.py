@@ -247,9 +247,10 @@ def test_a_gpu_runs_config_reads_back_on_this_machine() -> None:
     data = parse().to_dict()
     data["model"]["device"] = "cuda:1"
     assert Config.from_dict(data).model.device == "cuda:1"
-    data["model"]["device"] = "tpu"
-    with pytest.raises(ValueError, match="--device must be cpu or cuda"):
-        Config.from_dict(data)
+    for bad in ("tpu", "cuda:x", "cuda:"):
+        data["model"]["device"] = bad
+        with pytest.raises(ValueError, match=f"--device must be cpu, cuda or cuda:N, got '{bad}'"):
+            Config.from_dict(data)
 
 
 def test_a_run_whose_checkpoints_live_elsewhere_reads_back(tmp_path) -> None:

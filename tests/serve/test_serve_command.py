@@ -42,6 +42,21 @@ def test_missing_flag_and_bad_dtype(tiny_model_dir, capsys):
     assert "--dtype" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("gpu", "--device must be cpu, cuda or cuda:N, got 'gpu'"),
+        ("cuda:x", "--device must be cpu, cuda or cuda:N, got 'cuda:x'"),
+        ("cuda:4096", "--device cuda:4096: this "),  # no CUDA here, or not that many devices
+    ],
+)
+def test_bad_device_is_exit_2_naming_it(tiny_model_dir, capsys, device, message):
+    """Was a raw torch traceback, exit 1, after the model loaded."""
+    assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--port", "0", "--device", device]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("grpolab serve: error: ") and message in err and "Traceback" not in err
+
+
 LOOPBACK = [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True)]
 OTHER = [("0.0.0.0", False), ("10.1.2.3", False)]
 
