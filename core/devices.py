@@ -25,13 +25,18 @@ def check_device(name: str, flag: str) -> str:
 
 def check_device_present(name: str, flag: str) -> None:
     """Check that this machine has the (valid, `check_device`) device `name`: always for "cpu"; for CUDA,
-    a CUDA build of torch that sees the device (imports torch).
+    a CUDA build of torch that sees the device (imports torch, unless the installed torch's version says
+    it is a CPU build: then it answers in milliseconds).
 
     Raises:
         ValueError: naming `flag`: no CUDA in this torch build or machine, or no such CUDA index.
     """
     if not name.startswith("cuda"):
         return
+    if _torch_build().endswith("+cpu"):  # PyTorch's CPU wheels ("2.13.0+cpu"): no import needed to know
+        raise ValueError(
+            f"{flag} {name}: this torch build or machine has no CUDA device (torch {_torch_build()})"
+        )
     import torch
 
     if not torch.cuda.is_available():
@@ -39,3 +44,13 @@ def check_device_present(name: str, flag: str) -> None:
     index = int(name.partition(":")[2] or 0)
     if index >= torch.cuda.device_count():
         raise ValueError(f"{flag} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def _torch_build() -> str:
+    """The installed torch's version string ("2.13.0+cpu"), read from its package metadata; "" if none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return ""

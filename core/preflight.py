@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpolab.checkers.faults import check_reachable, parse_fault_actions
@@ -55,6 +56,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     from grpolab.core.engine.factory import ENGINES
 
     check_on_this_machine(config)
+    check_run_dir(config)
     ENGINES.get(config.rollout.rollout_engine)  # an unknown kind lists the known ones
     check_model(config.model.hf_checkpoint)
     if config.rollout.sglang_router_ip is None:  # engines this run builds or launches load the model
@@ -70,6 +72,22 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     check_profiling_start(config, world_size=world_size)  # --profile-ranks, --memory-recorder
     if (int(os.environ.get("RANK", "0")) if rank is None else rank) == 0:
         check_rollout_servers(config)  # last: a router that does not answer may take seconds
+
+
+def check_run_dir(config: Config) -> None:
+    """A new run's `--run-dir` does not hold another run (`rundir.continuation.new_run_refusal`); a start
+    with `--load` may continue its own run, which `RunDirectory.create` checks against run.json.
+
+    Raises:
+        ValueError: naming --run-dir and what to do instead.
+    """
+    from grpolab.rundir.continuation import new_run_refusal
+
+    if config.run.run_dir is None or config.checkpoint.load is not None:
+        return
+    refusal = new_run_refusal(Path(config.run.run_dir))
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def check_rollout_servers(config: Config) -> None:

@@ -29,7 +29,12 @@ import torch
 
 import grpolab
 from grpolab.core.atomic import atomic_write_json
-from grpolab.rundir.continuation import continue_run, failed_before_first_rollout, restart_failed_run
+from grpolab.rundir.continuation import (
+    continue_run,
+    failed_before_first_rollout,
+    new_run_refusal,
+    restart_failed_run,
+)
 from grpolab.rundir.reader import (
     CONSOLE_LOG,
     EVENTS_FILE,
@@ -150,10 +155,7 @@ class RunDirectory:
                 starts = restart_failed_run(run.path, body, start)
                 failed_starts = len(starts) - 1
             elif not continuing:
-                raise FileExistsError(
-                    f"--run-dir: {run.path} already holds a run (run.json exists); choose another --run-dir "
-                    "(to continue that run after a crash, give its own flags and --load its --save directory)"
-                )
+                raise FileExistsError(new_run_refusal(run.path))
             else:
                 starts = continue_run(run.path, config, start)
                 run.continued = True

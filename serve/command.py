@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import shlex
 import socket
 import sys
@@ -159,11 +160,18 @@ def run_server(state: ServerState, sock: socket.socket) -> None:
     host, port = sock.getsockname()[:2]
 
     class AnnouncingServer(uvicorn.Server):
-        """uvicorn's server, printing the bound address once it accepts connections."""
+        """uvicorn's server, printing the bound address once it accepts connections, and answering the
+        requests still queued with an abort when it shuts down: uvicorn waits for every open request
+        before it stops, and a request held by `/pause_generation` would never finish (SIGTERM left the
+        process running). A batch that is decoding finishes first."""
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             print(f"grpolab serve: listening on http://{host}:{port}", flush=True)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            state.batcher.abort(abort_all=True, message="the server is shutting down")
+            await super().shutdown(sockets=sockets)
 
     config = uvicorn.Config(
         build_app(state),
@@ -178,7 +186,8 @@ def run_server(state: ServerState, sock: socket.socket) -> None:
 
 
 def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    """Run `grpolab serve`; return the exit code (0 after a clean shutdown, 2 on bad input)."""
+    """Run `grpolab serve`; return the exit code: 0 after a shutdown by SIGINT, 2 on bad input (after
+    SIGTERM the process ends with 143: uvicorn raises the signal again once it has shut down)."""
     prog = "grpolab serve: error:"
     if not is_loopback(args.host) and not args.api_key:
         print(f"{prog} --host {args.host} is not a loopback address; it needs --api-key", file=sys.stderr)
@@ -186,8 +195,10 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
     if args.num_threads is not None and args.num_threads < 1:
         print(f"{prog} --num-threads must be >= 1, got {args.num_threads}", file=sys.stderr)
         return 2
-    if args.batch_wait_ms < 0:
-        print(f"{prog} --batch-wait-ms must be >= 0, got {args.batch_wait_ms}", file=sys.stderr)
+    if not (math.isfinite(args.batch_wait_ms) and args.batch_wait_ms >= 0):  # nan or inf: requests hung
+        print(
+            f"{prog} --batch-wait-ms must be a finite number >= 0, got {args.batch_wait_ms}", file=sys.stderr
+        )
         return 2
     try:
         from grpolab.core.devices import check_device, check_device_present

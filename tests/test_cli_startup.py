@@ -46,3 +46,27 @@ def test_the_command_imports_no_torch_or_transformers(argv: list[str], code: int
     got, heavy, proc = cli_in_fresh_process(argv, tmp_path)
     assert got == code, proc.stderr
     assert heavy == [], f"grpolab {' '.join(argv)} imported {heavy}"
+
+
+def test_a_taken_run_dir_is_refused_before_torch_loads(tmp_path: Path) -> None:
+    """It was refused when the run directory was created, after a 6-8 s import of torch and transformers."""
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "run.json").write_text("{}")
+    got, heavy, proc = cli_in_fresh_process(["train", "--run-dir", "taken"], tmp_path)
+    assert got == 2 and heavy == [], (heavy, proc.stderr)
+    assert "--run-dir: taken already holds a run (run.json exists)" in proc.stderr
+
+
+@pytest.mark.skipif(
+    not __import__("importlib.metadata").metadata.version("torch").endswith("+cpu"),
+    reason="a CUDA torch build",
+)
+@pytest.mark.parametrize("command", ["train", "serve"])
+def test_a_cuda_device_on_a_cpu_torch_build_is_refused_without_importing_it(
+    command: str, tmp_path: Path
+) -> None:
+    """It imported torch to ask (2-7 s); a CPU wheel says so in its version ("2.13.0+cpu")."""
+    argv = [command, "--device", "cuda:0"] + (["--hf-checkpoint", TINY] if command == "serve" else [])
+    got, heavy, proc = cli_in_fresh_process(argv, tmp_path)
+    assert got == 2 and heavy == [], (heavy, proc.stderr)
+    assert "--device cuda:0: this torch build or machine has no CUDA device" in proc.stderr

@@ -106,8 +106,11 @@ def test_a_run_dir_of_another_run_is_refused(resumed: Path, capsys) -> None:
     with pytest.raises(SystemExit) as info:  # the --save of a run without its --load: before the run dir
         main([*command(tmp), "--run-dir", str(resumed)])
     assert info.value.code == 2 and "already holds another run's checkpoints" in capsys.readouterr().err
-    assert main(["train", *TINY, "--save", str(tmp / "ckpt2"), "--run-dir", str(resumed)]) == 2
-    assert "already holds a run (run.json exists)" in capsys.readouterr().err
+    with pytest.raises(
+        SystemExit
+    ) as info:  # a new run in it: refused with the other flag errors, before torch
+        main(["train", *TINY, "--save", str(tmp / "ckpt2"), "--run-dir", str(resumed)])
+    assert info.value.code == 2 and "already holds a run (run.json exists)" in capsys.readouterr().err
     assert main([*command(tmp), "--run-dir", str(resumed), "--load", str(tmp / "ckpt"), "--lr", "0.001"]) == 2
     err = capsys.readouterr().err
     assert f"--run-dir {resumed} holds another run (--lr 0.0002 there, 0.001 here)" in err

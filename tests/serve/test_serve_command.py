@@ -100,3 +100,10 @@ def test_a_launched_fleet_gives_its_engines_the_runs_thread_count(tmp_path, monk
             fleet.Fleet.launch(checkpoint="m", num_engines=1, run_dir=tmp_path, num_threads=threads)
         argv = spawned[-1]
         assert argv[argv.index("serve") :][-len(expected) - 1 :] == ["auto", *expected]
+
+
+@pytest.mark.parametrize("wait", ["-5", "nan", "inf"])
+def test_batch_wait_must_be_finite_and_not_negative(tiny_model_dir, capsys, wait):
+    """nan and inf were accepted, and then every /generate hung."""
+    assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--batch-wait-ms", wait]) == 2
+    assert "--batch-wait-ms must be a finite number >= 0" in capsys.readouterr().err

@@ -1,0 +1,35 @@
+"""Stopping `grpolab serve` while it holds requests (a trainer's paused rollout)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+from serving import start_server, stop_server
+
+
+def test_sigterm_with_a_held_request_stops_the_server_and_answers_it_with_an_abort(tiny_model_dir):
+    """uvicorn waits for every open request before it stops; a request held by /pause_generation never
+    finished, so SIGTERM left the process running (it stopped listening, nothing could resume it)."""
+    s = start_server(tiny_model_dir)
+    answers = []
+    try:
+        assert s.call("/pause_generation", {"mode": "in_place"}).status == 200
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
+        client = threading.Thread(target=lambda: answers.append(s.call("/generate", body)))
+        client.start()
+        deadline = time.monotonic() + 30
+        while s.call("/server_info").body["internal_states"][0]["waiting_requests"] < 1:
+            assert time.monotonic() < deadline, "the request never reached the server"
+            time.sleep(0.05)
+        start = time.monotonic()
+        code = stop_server(s)  # SIGTERM, waits up to 30 s
+        assert code in (0, -signal.SIGTERM) and time.monotonic() - start < 10
+        client.join(timeout=10)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    assert len(answers) == 1 and answers[0].status == 200
+    reason = answers[0].body["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and "shutting down" in reason["message"]
