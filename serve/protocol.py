@@ -303,9 +303,20 @@ def generate_response(
     Log-probs are float32 values written as JSON doubles (exact: float32 -> float64 -> repr round-trips).
     `output_token_sampling_mask` lists each token's kept ids ascending (the whole vocabulary when no
     top-p/top-k filtering applied); `output_token_sampling_logprobs` is each token's behaviour log-prob.
+
+    Raises:
+        ValueError: log-probs are asked for and some are NaN or infinite (JSON has no such numbers;
+            the answer was an HTTP 500 without a word): the message says where to look.
     """
     ids = list(result.response_ids)
     n = len(ids)
+    wants_floats = item.return_logprob or item.return_sampling_mask
+    if wants_floats and n and not bool(result.log_probs.isfinite().all()):
+        bad = int((~result.log_probs.isfinite()).sum())
+        raise ValueError(
+            f"request {item.rid}: {bad} of its {n} log-probs are NaN or infinite (the engine's weights "
+            "may hold non-finite values: /weights_checker checksum, or the last /update_weights_from_disk)"
+        )
     meta: dict = {
         "id": item.rid,
         "finish_reason": finish_reason_json(result, item.params),
