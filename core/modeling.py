@@ -59,10 +59,20 @@ def load_causal_lm(
 
     Raises:
         FileNotFoundError / ValueError: naming `--hf-checkpoint` when the path is not a model or its
-            weights are missing or truncated (`model_files.check_model`).
+            weights are missing or truncated (`model_files.check_model`), or transformers cannot load
+            the weights into the model config.json describes (another model's, other shapes).
     """
     directory, extra = _split_checkpoint(path, tokenizer=False, weights=True)
-    model = AutoModelForCausalLM.from_pretrained(str(directory), local_files_only=True, dtype=dtype, **extra)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(directory), local_files_only=True, dtype=dtype, **extra
+        )
+    except (RuntimeError, NotImplementedError) as e:  # e.g. weights of another model than config.json's
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ValueError(
+            f"--hf-checkpoint {path}: transformers could not load its weights into the model config.json "
+            f"describes (are they another model's?): {first[:300]}"
+        ) from e
     if extra:  # GGUF: copy into a plain model so it is serializable and has ordinary parameters
         config = model.config
         if hasattr(config, "quantization_config"):

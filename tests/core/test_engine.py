@@ -440,3 +440,23 @@ def _events(run: Path) -> list[dict]:
     import json
 
     return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+
+
+def test_weights_of_another_model_are_a_clear_error_naming_the_checkpoint(tmp_path, tiny_model_dir) -> None:
+    """A model.safetensors of another model beside config.json: transformers' RuntimeError (and, in a
+    server, a NotImplementedError on meta tensors) reached the user as a traceback, exit 1."""
+    import shutil
+
+    from grpolab.core.modeling import load_causal_lm
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2
+    )
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "llama")
+    mixed = tmp_path / "mixed"
+    shutil.copytree(tiny_model_dir, mixed)
+    shutil.copy(tmp_path / "llama" / "model.safetensors", mixed / "model.safetensors")
+    with pytest.raises(
+        ValueError, match=rf"--hf-checkpoint {mixed}: transformers could not load its weights"
+    ):
+        load_causal_lm(mixed)
