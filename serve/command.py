@@ -190,7 +190,10 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
     SIGTERM the process ends with 143: uvicorn raises the signal again once it has shut down)."""
     prog = "grpolab serve: error:"
     if not is_loopback(args.host) and not args.api_key:
-        print(f"{prog} --host {args.host} is not a loopback address; it needs --api-key", file=sys.stderr)
+        given = " (an empty one was given)" if args.api_key == "" else ""
+        print(
+            f"{prog} --host {args.host} is not a loopback address; it needs --api-key{given}", file=sys.stderr
+        )
         return 2
     if args.num_threads is not None and args.num_threads < 1:
         print(f"{prog} --num-threads must be >= 1, got {args.num_threads}", file=sys.stderr)

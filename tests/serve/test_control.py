@@ -139,6 +139,12 @@ def test_a_tensor_of_another_dtype_kind_is_refused_naming_both(server, tiny_mode
         "is float32"
     )
     assert server.call("/weights_checker", {"action": "checksum"}).body == before  # nothing was copied
+    (tmp_path / "unknown").mkdir()
+    save_file({"foo.bar.weight": weight}, str(tmp_path / "unknown" / "model.safetensors"))
+    unknown = server.call("/update_weights_from_disk", {"model_path": str(tmp_path / "unknown")})
+    assert unknown.status == 400 and unknown.body["message"] == (  # no stray quotes around it (KeyError)
+        "Failed to update weights: update_weights: the engine has no tensor named 'foo.bar.weight'"
+    )
     (tmp_path / "half").mkdir()
     save_file({name: weight.to(torch.bfloat16)}, str(tmp_path / "half" / "model.safetensors"))
     half = server.call("/update_weights_from_disk", {"model_path": str(tmp_path / "half")})

@@ -32,6 +32,8 @@ def test_missing_checkpoint_is_exit_2(tmp_path, capsys):
 def test_non_loopback_host_needs_api_key(tiny_model_dir, capsys):
     assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--host", "0.0.0.0"]) == 2
     assert "--host 0.0.0.0 is not a loopback address; it needs --api-key" in capsys.readouterr().err
+    assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--host", "0.0.0.0", "--api-key", ""]) == 2
+    assert "it needs --api-key (an empty one was given)" in capsys.readouterr().err
 
 
 def test_missing_flag_and_bad_dtype(tiny_model_dir, capsys):
