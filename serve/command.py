@@ -212,9 +212,7 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
         # the flags and the model folder first, without transformers (a mistake answers in < 1 s)
         check_dtype(args.dtype, "--dtype")
         check_device(args.device, "--device")
-        check_model(
-            args.hf_checkpoint
-        )  # config, tokenizer and weight files, each named when missing or broken
+        check_model(args.hf_checkpoint)  # config, tokenizer and weight files: each named when wrong
         check_decode_path(args.decode_path, args.hf_checkpoint, "--decode-path")
         check_device_present(args.device, "--device")  # imports torch only for a CUDA device
         sock = bind_socket(args.host, args.port)  # a port in use answers before transformers loads, too
@@ -224,9 +222,7 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
     try:
         from grpolab.core.modeling import model_fingerprint
 
-        model_fingerprint(
-            args.hf_checkpoint
-        )  # transformers reads the config (and the GGUF loads) as the engine will
+        model_fingerprint(args.hf_checkpoint)  # transformers reads config.json (or the GGUF)
     except (FileNotFoundError, ValueError, OSError) as e:
         sock.close()
         print(f"{prog} {e}", file=sys.stderr)
