@@ -195,6 +195,9 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
             f"{prog} --host {args.host} is not a loopback address; it needs --api-key{given}", file=sys.stderr
         )
         return 2
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        print(f"{prog} --served-model-name must not be empty", file=sys.stderr)
+        return 2
     if args.num_threads is not None and args.num_threads < 1:
         print(f"{prog} --num-threads must be >= 1, got {args.num_threads}", file=sys.stderr)
         return 2

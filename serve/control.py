@@ -177,7 +177,10 @@ def _load_weights(state: ServerState, model_path: str, version: int) -> int:
     """Engine thread: read the files and copy every tensor into the engine; return the tensor count."""
     named: list[tuple[str, torch.Tensor]] = []
     for f in safetensors_files(model_path):
-        named.extend(load_file(str(f), device="cpu").items())
+        try:
+            named.extend(load_file(str(f), device="cpu").items())
+        except SafetensorError as e:  # its text ("header too large") does not say which file
+            raise ValueError(f"{f}: not a readable safetensors file: {e}") from e
     model = state.engine.model
     check_dtypes(
         named, {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}

@@ -26,6 +26,12 @@ async def read_json(request: Request, *, default: object = None) -> object:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise RequestError(f"the request body is not valid JSON: {e}", contract=True) from e
+    except RecursionError as e:  # e.g. 10 MB of "[" answered "maximum recursion depth exceeded ..."
+        raise RequestError(
+            "the request body nests JSON arrays or objects too deeply to read (Python's reader stops near "
+            "1,000 levels)",
+            contract=True,
+        ) from e
 
 
 async def read_object(request: Request) -> dict:

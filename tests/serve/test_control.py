@@ -145,6 +145,14 @@ def test_a_tensor_of_another_dtype_kind_is_refused_naming_both(server, tiny_mode
     assert unknown.status == 400 and unknown.body["message"] == (  # no stray quotes around it (KeyError)
         "Failed to update weights: update_weights: the engine has no tensor named 'foo.bar.weight'"
     )
+    (tmp_path / "noise").mkdir()
+    (tmp_path / "noise" / "model.safetensors").write_bytes(b"\xff" * 64)
+    noise = server.call("/update_weights_from_disk", {"model_path": str(tmp_path / "noise")})
+    assert noise.status == 400  # the file is named (safetensors' own text was only "header too large")
+    assert (
+        f"{tmp_path / 'noise' / 'model.safetensors'}: not a readable safetensors file"
+        in noise.body["message"]
+    )
     (tmp_path / "half").mkdir()
     save_file({name: weight.to(torch.bfloat16)}, str(tmp_path / "half" / "model.safetensors"))
     half = server.call("/update_weights_from_disk", {"model_path": str(tmp_path / "half")})

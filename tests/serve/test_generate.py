@@ -396,3 +396,17 @@ def test_the_trainers_liveness_probe_leaves_an_idle_server_idle(server):
     assert server.call("/server_info").body["internal_states"][0]["batches"] == before
     assert server.call("/health").status == 200  # what /health does instead: one batch
     assert server.call("/server_info").body["internal_states"][0]["batches"] == before + 1
+
+
+def test_a_body_nested_too_deeply_is_a_400_that_says_so(server):
+    """10 MB of "[" answered Python's "maximum recursion depth exceeded while decoding a JSON array"."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(server.url + "/generate", data=b"[" * 100_000, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=60)
+    assert info.value.code == 400
+    assert json.loads(info.value.read())["error"].startswith("the request body nests JSON arrays or objects")
+    assert server.call("/generate", {"input_ids": [1, 2]}).status == 200  # still serving

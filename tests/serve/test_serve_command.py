@@ -109,3 +109,8 @@ def test_batch_wait_must_be_finite_and_not_negative(tiny_model_dir, capsys, wait
     """nan and inf were accepted, and then every /generate hung."""
     assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--batch-wait-ms", wait]) == 2
     assert "--batch-wait-ms must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_an_empty_served_model_name_is_exit_2(tiny_model_dir, capsys):
+    assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--served-model-name", " "]) == 2
+    assert "--served-model-name must not be empty" in capsys.readouterr().err
