@@ -33,8 +33,13 @@ async def run_items(state: ServerState, items: list[GenerateItem]) -> list[dict]
             (checked before anything is queued, so a bad request never joins a batch).
         RuntimeError: generation is refused (memory released) or the engine failed.
     """
-    for item in items:
-        check_fits(item, vocab_size=state.vocab_size, context_len=state.context_len)
+    for i, item in enumerate(items):
+        try:
+            check_fits(item, vocab_size=state.vocab_size, context_len=state.context_len)
+        except RequestError as e:
+            if len(items) == 1:
+                raise
+            raise RequestError(f"prompt {i} of the batch: {e}") from e  # which one, in a batch
     start = time.perf_counter()
     results = await state.batcher.submit(items)
     seconds = time.perf_counter() - start

@@ -344,6 +344,8 @@ def test_out_of_vocab_ids_are_400_and_spare_queued_requests(server, contract, in
     assert ans.status == 400, ans.text
     message = ans.body["error"]["message"]
     assert f"token id {bad} (position {position})" in message and f"vocab size {VOCAB}" in message
+    batch = isinstance(input_ids[0], list)  # a batch says which prompt; one prompt keeps SGLang's text
+    assert message.startswith("prompt 1 of the batch: ") if batch else message.startswith("The input_ids")
     assert stats(server)["waiting_requests"] == 1
     assert server.call("/continue_generation", {}).status == 200
     threads[0].join(60)
