@@ -11,8 +11,7 @@ fork forwards it), so such requests go straight to the engines, round-robin by s
 doubles: exact), `finish_reason.type` the finish, `weight_version` the version.
 
 Control calls go to every engine directly (what the router would fan out): weight sync writes each
-bucket as safetensors into a fresh directory under /dev/shm (tmpfs; the system temp dir when there is
-none) and calls `/update_weights_from_disk {model_path, weight_version}`; memory goes through
+bucket as safetensors into a fresh directory under /dev/shm (`weight_bucket`) and calls `/update_weights_from_disk {model_path, weight_version}`; memory goes through
 `/release_memory_occupation` / `/resume_memory_occupation` (all tags); `--ci-test`'s checker through
 `/weights_checker`. With a fleet grpolab launched, each rollout's requests are held
 (`/pause_generation` in_place) until all reached the engines (`/server_info`), then released
@@ -31,12 +30,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import shutil
-import tempfile
 import time
 import uuid
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
-from pathlib import Path
 
 import torch
 
@@ -53,6 +49,7 @@ from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpC
 from grpolab.core.engine.http_pool import KeepAlivePool
 from grpolab.core.engine.liveness import LastAnswers, LivenessWatch
 from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer, parse_mismatches, request_rid
+from grpolab.core.engine.weight_bucket import bucket_on_disk
 
 log = logging.getLogger("grpolab")
 
@@ -81,20 +78,6 @@ WATCH_INTERVAL_S = 0.5
 EXIT_GRACE_S = 1.0
 """Seconds a failed call waits for a fleet process to be seen as exited before it is reported as an
 HTTP failure (a kill -9'd engine resets its connections a moment before its parent can reap it)."""
-
-
-def shm_root() -> str | None:
-    """/dev/shm when it is a writable directory (tmpfs on Linux), else None (the system temp dir)."""
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() and _writable(shm) else None
-
-
-def _writable(path: Path) -> bool:
-    try:
-        with tempfile.TemporaryFile(dir=path):
-            return True
-    except OSError:
-        return False
 
 
 class HttpEngine:
@@ -260,21 +243,14 @@ class HttpEngine:
 
     # ------------------------------------------------------------------ weights and memory
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: int) -> int:
-        """Write the bucket as safetensors (tmpfs) and load it into every engine as `weight_version`."""
-        from safetensors.torch import save_file
-
+        """Write the bucket as safetensors (tmpfs, `weight_bucket`) and load it into every engine as
+        `weight_version`."""
         self._check_usable()
-        folder = tempfile.mkdtemp(prefix="grpolab-weights-", dir=shm_root())
-        try:
-            tensors = {name: t.detach().to("cpu").clone() for name, t in named_tensors}
-            save_file(tensors, str(Path(folder) / "bucket.safetensors"))
-            del tensors
-            body = {"model_path": folder, "weight_version": str(weight_version)}
+        with bucket_on_disk(named_tensors) as folder:
+            body = {"model_path": str(folder), "weight_version": str(weight_version)}
             for answer in self._each_engine("POST", "/update_weights_from_disk", body):
                 if not (isinstance(answer, dict) and answer.get("success")):
                     raise RuntimeError(f"/update_weights_from_disk did not succeed: {answer!r}")
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
         self.weight_version = weight_version
         return weight_version
 
