@@ -34,7 +34,7 @@ from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype
 from grpolab.core.rollout import RolloutProducer
 from grpolab.core.seeding import seed_everything
 from grpolab.core.train_phase import reference_needed
-from grpolab.replay.recording import chat_template_hash, tokenizer_fingerprint
+from grpolab.replay.fingerprints import chat_template_hash, tokenizer_fingerprint
 from grpolab.replay.replayer import RolloutRecorder, RunIdentity
 from grpolab.rundir.reader import read_run_meta
 from grpolab.rundir.writer import RunDirectory, setup_console_logging

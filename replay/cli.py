@@ -224,7 +224,7 @@ def inspect_file(
     p(f"run seed: {rec.run_seed}   sample seeds: {seed_line}")
     p(f"recorded by: {_run_line(rec)}")
     p("sampler: " + (", ".join(f"{k}={v}" for k, v in rec.sampler.items()) or "(not recorded)"))
-    from grpolab.replay.recording import FINGERPRINT_FIELDS
+    from grpolab.replay.fingerprints import FINGERPRINT_FIELDS
 
     for k in FINGERPRINT_FIELDS:
         p(f"{k}: {getattr(rec, k) or '(not recorded)'}")

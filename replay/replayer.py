@@ -20,15 +20,10 @@ from typing import Any
 
 from grpolab.core.batch import Sample
 from grpolab.core.model_files import compare_model_fingerprints, config_only_warning
+from grpolab.replay.fingerprints import FINGERPRINT_FIELDS, compare_fingerprints
 from grpolab.replay.format import RecordingError, read_header
 from grpolab.replay.paths import SAVE_FLAG, format_path
-from grpolab.replay.recording import (
-    FINGERPRINT_FIELDS,
-    compare_fingerprints,
-    load_rollout,
-    save_rollout,
-    verify_rollout,
-)
+from grpolab.replay.recording import load_rollout, save_rollout, verify_rollout
 
 SHOWN = 8
 """How many files an error message lists before "and N more"."""

@@ -11,15 +11,10 @@ import torch
 from replay_helpers import build_samples
 
 from grpolab.core.batch import Sample
+from grpolab.replay.fingerprints import chat_template_hash, compare_fingerprints, tokenizer_fingerprint
 from grpolab.replay.format import RecordingError, decode_container, read_container, write_container
 from grpolab.replay.paths import LOAD_FLAG, check_template, eval_rollout_id, format_path
-from grpolab.replay.recording import (
-    chat_template_hash,
-    compare_fingerprints,
-    load_rollout,
-    save_rollout,
-    tokenizer_fingerprint,
-)
+from grpolab.replay.recording import load_rollout, save_rollout
 
 FP = {"model_fingerprint": "m" * 64, "tokenizer_fingerprint": "t" * 64, "chat_template_hash": "c" * 64}
 SAMPLER = {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "max_new_tokens": 32}
