@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,38 +38,8 @@ from grpolab.replay.recording import RolloutRecording, load_rollout
 from grpolab.rundir import reader, recordings
 from grpolab.rundir.foreign_logs import MetricRecord, ParsedLog, parse_file
 from grpolab.ui import discovery, readers, stored_reports
+from grpolab.ui.run_summary import RunInfo, directory_summary, log_summary
 from grpolab.ui.stored_reports import HANG_VERDICT, RANK_DUMP, StoredHangReport, read_text, stamp_order
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """One row of the runs table.
-
-    Attributes:
-        run_id: stable id (path relative to its RUNS_ROOT, prefixed by the root's name when
-            several roots are given).
-        source: "grpolab" (a run directory) or "miles log" (a console log).
-        status: finished | failed | interrupted | running | crashed | incomplete | ended.
-        steps: train steps logged (`step` rows; rollouts when a run logged no step).
-        last_reward: the last `rollout/raw_reward`, or None.
-        model / seed / start_time: from run.json (a log: from its launch command line and first
-            timestamp); None when unknown.
-        deterministic: run.json's environment.deterministic switches ({} for logs).
-        warnings: what the store noticed (no metric lines, skipped lines, missing run.json...).
-    """
-
-    run_id: str
-    name: str
-    path: Path
-    source: str
-    status: str
-    steps: int
-    last_reward: float | None
-    model: str | None
-    seed: int | None
-    start_time: float | None
-    deterministic: dict[str, Any] = field(default_factory=dict)
-    warnings: tuple[str, ...] = ()
 
 
 def _read_meta(run_json: Path) -> reader.RunMeta | str:
@@ -367,68 +336,17 @@ class RunStore:
     # ------------------------------------------------------------------ summaries
     def _info(self, run_id: str, path: Path, source: str) -> RunInfo:
         if source == "miles log":
-            return self._log_info(run_id, path)
-        warnings: list[str] = []
+            try:
+                parsed: ParsedLog | OSError = self._log(path)
+            except OSError as e:
+                parsed = e
+            sig = readers.file_signature(path)
+            recent = sig is not None and time.time() - sig[1] / 1e9 < self.heartbeat_timeout_s
+            frame = None if isinstance(parsed, OSError) else self.frame(run_id)  # an unreadable log has none
+            return log_summary(run_id, path, parsed, frame, recent=recent)
         meta = self._meta(path)
-        metrics = self._metrics(path)
-        name = metrics.path.name
-        if metrics.partial_last_line:
-            warnings.append(f"{name} ends in a half-written line (skipped)")
-        if metrics.bad_lines:
-            warnings.append(f"{name} lines {[n for n, _ in metrics.bad_lines[:5]]} do not parse (skipped)")
-        if metrics.non_numeric:
-            odd = [f"line {n}: {k} = {v}" for n, kv in metrics.non_numeric.items() for k, v in kv.items()]
-            warnings.append(f"{name}: {len(odd)} value(s) not a number (left out): {'; '.join(odd[:3])}")
-        frame = self.frame(run_id)
-        if isinstance(meta, str):
-            warnings.append(f"{reader.RUN_JSON} is missing" if "no such file" in meta else meta)
-            meta, status = None, "incomplete"
-        else:
-            status = self._status(path)
-            warnings += [meta.config_error] if meta.config_error else []
-        return RunInfo(
-            run_id=run_id,
-            name=path.name if meta is None else meta.name,
-            path=path,
-            source="grpolab",
-            status=status,
-            steps=readers.count_steps(frame),
-            last_reward=readers.last_value(frame, "rollout/raw_reward"),
-            model=None if meta is None else meta.model,
-            seed=None if meta is None else meta.seed,
-            start_time=None if meta is None else meta.start_time,
-            deterministic=dict(meta.environment.get("deterministic") or {}) if meta else {},
-            warnings=tuple(warnings),
-        )
-
-    def _log_info(self, run_id: str, path: Path) -> RunInfo:
-        warnings: list[str] = []
-        try:
-            parsed = self._log(path)
-        except OSError as e:
-            return RunInfo(run_id, path.name, path, "miles log", "unreadable", 0, None, None, None, None,
-                           warnings=(f"cannot read: {e.strerror or e}",))  # fmt: skip
-        if not parsed.records:
-            warnings.append(f"no metric lines in {parsed.lines} lines (not a training log, or it died early)")
-        if parsed.unparsed:
-            warnings.append(f"{parsed.unparsed} metric line(s) did not parse (e.g. a half-written last line)")
-        sig = readers.file_signature(path)
-        recent = sig is not None and time.time() - sig[1] / 1e9 < self.heartbeat_timeout_s
-        frame = self.frame(run_id)
-        seed = parsed.flags.get("seed")
-        return RunInfo(
-            run_id=run_id,
-            name=path.stem,
-            path=path,
-            source="miles log",
-            status="running" if recent else "ended",
-            steps=readers.count_steps(frame),
-            last_reward=readers.last_value(frame, "rollout/raw_reward"),
-            model=parsed.flags.get("hf-checkpoint"),
-            seed=int(seed) if seed is not None and seed.isdigit() else None,
-            start_time=parsed.first_time,
-            warnings=tuple(warnings),
-        )
+        status = "incomplete" if isinstance(meta, str) else self._status(path)
+        return directory_summary(run_id, path, meta, self._metrics(path), self.frame(run_id), status)
 
     def _status(self, path: Path) -> str:
         """`reader.decide_status` over the cached events and rank files."""
