@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,6 +184,20 @@ def test_train_flags_bisect_sets_are_refused(flag, log_repo, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def _stack(proc: subprocess.Popen) -> str:
+    """`py-spy dump` of a process (then killed), or why there is none."""
+    spy = shutil.which("py-spy")
+    try:
+        if spy is None:
+            return "(py-spy is not installed)"
+        done = subprocess.run(
+            [spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=60
+        )
+        return done.stdout + done.stderr
+    finally:
+        proc.kill()
+
+
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_sigterm_kills_the_run_removes_the_worktree_and_writes_the_report(signum, code, log_repo, tmp_path):
     repo, commits = log_repo
@@ -201,7 +216,12 @@ def test_sigterm_kills_the_run_removes_the_worktree_and_writes_the_report(signum
     child = int(pid_file.read_text())
     assert len(git(repo, "worktree", "list").splitlines()) == 2  # the commit's worktree is there
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=30)
+    try:
+        _, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired as late:  # seen once in CI, never here: say where bisect was stuck
+        raise AssertionError(
+            f"bisect did not exit 30 s after the signal; its stack:\n{_stack(proc)}"
+        ) from late
     assert proc.returncode == code and "grpolab bisect: interrupted" in stderr
     assert len(git(repo, "worktree", "list").splitlines()) == 1  # removed again
     with pytest.raises(ProcessLookupError):
