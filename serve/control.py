@@ -205,8 +205,7 @@ async def update_weights_from_disk(state: ServerState, request: Request) -> Resp
     try:
         n = await state.batcher.exclusive(_load_weights, state, model_path, target)
     except (ValueError, KeyError, OSError, SafetensorError) as e:  # SafetensorError: a corrupt file
-        why = e.args[0] if isinstance(e, KeyError) and e.args else e  # str(KeyError) adds quotes
-        return _fail(f"Failed to update weights: {why}")
+        return _fail(f"Failed to update weights: {e}")
     message = f"Succeeded to update model weights ({n} tensors from {model_path})."
     if version is not None:
         state.weight_version = version

@@ -59,6 +59,14 @@ LOG_LINES = 200
 and a run's recent weight updates; the oldest lines are dropped)."""
 
 
+class UnknownTensorError(KeyError):
+    """A weight update names a tensor the engine does not have. A KeyError whose text is its message
+    (a plain KeyError's `str` wraps the message in quotes, which every caller then printed)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class TorchEngine:
     """In-process rollout engine over a Hugging Face causal LM (CPU or CUDA).
 
@@ -283,14 +291,14 @@ class TorchEngine:
         whole bucket is validated before anything is copied.
 
         Raises:
-            KeyError: naming a tensor the engine does not have.
+            UnknownTensorError (a KeyError): naming a tensor the engine does not have.
             ValueError: naming a tensor whose shape differs from the engine's.
         """
         targets = dict(self.model.named_parameters(remove_duplicate=False))
         targets.update(self.model.named_buffers(remove_duplicate=False))
         for name, tensor in named_tensors:
             if name not in targets:
-                raise KeyError(f"update_weights: the engine has no tensor named {name!r}")
+                raise UnknownTensorError(f"update_weights: the engine has no tensor named {name!r}")
             if tuple(tensor.shape) != tuple(targets[name].shape):
                 raise ValueError(
                     f"update_weights: shape mismatch for {name!r}: got {tuple(tensor.shape)}, "
