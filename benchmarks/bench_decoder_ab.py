@@ -30,15 +30,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ARITHMETIC, REPO, TINY_MODEL, machine, median, smollm2_gguf, smollm2_missing  # noqa: E402
+from _common import DECODE_BATCH as BATCH  # noqa: E402
+from _common import REPO, arithmetic_prompts, decode_checkpoint, machine, median  # noqa: E402
 
-from grpolab.core.data import PromptDataset  # noqa: E402
 from grpolab.core.engine import model_runner  # noqa: E402
 from grpolab.core.engine.base import GenerationRequest, SamplingParams  # noqa: E402
 from grpolab.core.engine.torch_engine import TorchEngine  # noqa: E402
-from grpolab.core.modeling import load_tokenizer  # noqa: E402
-
-BATCH = {"tiny": 64, "smollm2": 8}
 
 
 def decoder_at(rev: str, folder: Path) -> type:
@@ -71,14 +68,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15, help="alternated repetitions per side")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    if args.model == "smollm2" and (missing := smollm2_missing()):
-        sys.exit(f"--model smollm2 needs {missing}")
-    checkpoint = str(TINY_MODEL if args.model == "tiny" else smollm2_gguf())
-    tokenizer = load_tokenizer(checkpoint)
-    data = PromptDataset(
-        ARITHMETIC, tokenizer, input_key="question", label_key="answer", apply_chat_template=True
-    )
-    prompts = [data[i].prompt_ids for i in range(BATCH[args.model])]
+    checkpoint = decode_checkpoint(args.model)
+    prompts = arithmetic_prompts(checkpoint, BATCH[args.model])
     reqs = [GenerationRequest(prompt_ids=p, seed=i) for i, p in enumerate(prompts)]
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=32, stop_token_ids=())
     current = model_runner.Decoder

@@ -44,15 +44,14 @@ import torch
 from transformers import GenerationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ARITHMETIC, SMOLLM2_INSTALL, TINY_MODEL, machine, median, smollm2_gguf, smollm2_missing  # noqa: E402
+from _common import DECODE_BATCH as BATCH  # noqa: E402
+from _common import arithmetic_prompts, decode_checkpoint, machine, median  # noqa: E402
 
-from grpolab.core.data import PromptDataset  # noqa: E402
 from grpolab.core.engine.base import GenerationRequest, SamplingParams  # noqa: E402
 from grpolab.core.engine.torch_engine import TorchEngine  # noqa: E402
 from grpolab.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 
 NEW_TOKENS = 32
-BATCH = {"tiny": 64, "smollm2": 8}
 GOAL = {"tiny": 1.6, "smollm2": 1.4}
 
 
@@ -101,16 +100,6 @@ def reference_check(engine: TorchEngine, reference: TorchEngine, reqs: list, par
     return f"{same} of {len(reqs)} samples token-identical; on those, max |log-prob difference| {worst:.2e}"
 
 
-def checkpoint_of(which: str) -> str | Path:
-    """The checkpoint path for --model (exits naming what is missing for SmolLM2)."""
-    if which == "tiny":
-        return TINY_MODEL
-    missing = smollm2_missing()
-    if missing:
-        sys.exit(f"--model smollm2 needs {missing}: {SMOLLM2_INSTALL}")
-    return smollm2_gguf()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -130,12 +119,11 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(opts.threads)
     torch.manual_seed(0)
-    checkpoint = checkpoint_of(opts.model)
+    checkpoint = decode_checkpoint(opts.model)
     batch = BATCH[opts.model]
 
     tok = load_tokenizer(checkpoint)
-    ds = PromptDataset(ARITHMETIC, tok, input_key="question", label_key="answer", apply_chat_template=True)
-    prompts = [ds[i].prompt_ids for i in range(batch)]
+    prompts = arithmetic_prompts(checkpoint, batch)
     eos = int(tok.eos_token_id)
     stops = (eos,) if opts.stop_at_eos else ()
 
