@@ -33,10 +33,9 @@ def check_device_present(name: str, flag: str) -> None:
     """
     if not name.startswith("cuda"):
         return
-    if _torch_build().endswith("+cpu"):  # PyTorch's CPU wheels ("2.13.0+cpu"): no import needed to know
-        raise ValueError(
-            f"{flag} {name}: this torch build or machine has no CUDA device (torch {_torch_build()})"
-        )
+    build = _torch_build()
+    if build.endswith("+cpu"):  # PyTorch's CPU wheels ("2.13.0+cpu"): no import needed to know
+        raise ValueError(f"{flag} {name}: this torch build or machine has no CUDA device (torch {build})")
     import torch
 
     if not torch.cuda.is_available():

@@ -7,6 +7,7 @@ its own interpreter, since `sys.modules` of the test process already holds torch
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -57,10 +58,7 @@ def test_a_taken_run_dir_is_refused_before_torch_loads(tmp_path: Path) -> None:
     assert "--run-dir: taken already holds a run (run.json exists)" in proc.stderr
 
 
-@pytest.mark.skipif(
-    not __import__("importlib.metadata").metadata.version("torch").endswith("+cpu"),
-    reason="a CUDA torch build",
-)
+@pytest.mark.skipif(not version("torch").endswith("+cpu"), reason="a CUDA torch build")
 @pytest.mark.parametrize("command", ["train", "serve"])
 def test_a_cuda_device_on_a_cpu_torch_build_is_refused_without_importing_it(
     command: str, tmp_path: Path

@@ -11,7 +11,8 @@ fork forwards it), so such requests go straight to the engines, round-robin by s
 doubles: exact), `finish_reason.type` the finish, `weight_version` the version.
 
 Control calls go to every engine directly (what the router would fan out): weight sync writes each
-bucket as safetensors into a fresh directory under /dev/shm (`weight_bucket`) and calls `/update_weights_from_disk {model_path, weight_version}`; memory goes through
+bucket as safetensors into a fresh directory under /dev/shm (`weight_bucket`) and calls
+`/update_weights_from_disk {model_path, weight_version}`; memory goes through
 `/release_memory_occupation` / `/resume_memory_occupation` (all tags); `--ci-test`'s checker through
 `/weights_checker`. With a fleet grpolab launched, each rollout's requests are held
 (`/pause_generation` in_place) until all reached the engines (`/server_info`), then released
