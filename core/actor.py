@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpolab.core import algorithms
+from grpolab.core import algorithms, shared_prefix
 from grpolab.core.batch import MicroBatch, Sample, collate, split
 from grpolab.core.config import AlgorithmConfig, OptimizerConfig
 from grpolab.core.dist import DistContext, all_reduce_sum, full_tensor, shard_model
@@ -51,6 +51,7 @@ class Actor:
         with_reference: False builds no reference copy (saves one model of memory) for runs that
             never read reference log-probs (core/train_phase.reference_needed).
         padding_side: how micro-batches are padded (results do not depend on it).
+        train_forward: `--train-forward`: "auto", "shared-prefix" or "padded" (core/shared_prefix.py).
         dist_ctx: multi-rank runs: the policy is FSDP2-sharded, each rank trains on its share of
             every optimizer window, denominators are global counts and metrics are summed over ranks.
     """
@@ -68,10 +69,16 @@ class Actor:
         padding_side: str = "right",
         dist_ctx: DistContext | None = None,
         with_reference: bool = True,
+        train_forward: str = "auto",
     ) -> None:
         self.device = torch.device(device)
         self.dist = dist_ctx or DistContext()
         self.model = load_causal_lm(checkpoint, dtype=dtype, device=self.device)
+        unsupported = shared_prefix.unsupported_reason(self.model)
+        if train_forward == "shared-prefix" and unsupported is not None:
+            raise ValueError(f"--train-forward shared-prefix: {checkpoint}: {unsupported}")
+        self.shared_prefix = train_forward != "padded" and unsupported is None
+        """Whether micro-batches whose samples share a prompt run packed (`shared_prefix`)."""
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if with_reference else None
         if self.dist.distributed:
             shard_model(
@@ -125,18 +132,24 @@ class Actor:
 
         Only the last K positions get logits (`logits_to_keep`, as TRL does), K = L − (earliest
         response start) + 1, so the vocabulary-sized work skips the prompts; other positions hold 0.
-        Entropy needs no graph unless `--entropy-coef` trains on it.
+        With `self.shared_prefix`, samples sharing a prompt run packed, one row per prompt
+        (`shared_prefix.pack_shared_prefix`), and their logits are placed back in this layout; there
+        the logits rows no log-prob or entropy reads are 0. Entropy needs no graph unless
+        `--entropy-coef` trains on it.
         """
         B, L = mb.input_ids_BL.shape
         starts = mb.response_mask_BL.float().argmax(dim=1)  # first response position per row
         K = min(L, L - int(starts.min()) + 1)
-        logits_BKV = model(
-            input_ids=mb.input_ids_BL,
-            attention_mask=mb.attention_mask_BL,
-            position_ids=mb.position_ids_BL,
-            use_cache=False,
-            logits_to_keep=K,
+        packed = shared_prefix.pack_shared_prefix(mb, K, self.pad_id) if self.shared_prefix else None
+        ids, mask, positions, keep = (
+            (mb.input_ids_BL, mb.attention_mask_BL, mb.position_ids_BL, K)
+            if packed is None
+            else packed.inputs()
+        )
+        logits = model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=keep
         ).logits
+        logits_BKV = logits if packed is None else packed.unpack(logits, B, K)
         keep_BKV = None if mb.keep_mask_BLV is None else mb.keep_mask_BLV[:, L - K :]
         log_probs_BL = logits_BKV.new_zeros((B, L), dtype=torch.float32)
         log_probs_BL[:, L - K :] = algorithms.token_log_probs(

@@ -5,7 +5,8 @@ under runs/. `check_inputs` checks, in this order: the device, every output path
 (run dir, checkpoints, recording/grad-norm/event folders) and the checkpoint paths
 (`launch.check_on_this_machine`), the rollout engine kind, the model folder (config, tokenizer and
 whole weights, `model_files.check_model`), that `--rollout-decode-path grpolab` names a model the
-decoder runs (`decode_support.check_decode_path`), `--rollout-max-response-len` against the model's
+decoder runs (`decode_support.check_decode_path`), `--train-forward shared-prefix` one the packed
+forward runs (`check_train_forward`), `--rollout-max-response-len` against the model's
 `max_position_embeddings` (`check_response_length`), that every `--ci-ft-test-actions` item can
 fire (`faults.check_reachable`), every prompt file (`--prompt-data` and each
 `--eval-prompt-data NAME PATH`: readable, UTF-8 JSON lines or parquet, rows with the prompt and
@@ -52,7 +53,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     Raises:
         ValueError / FileNotFoundError: naming the flag and the file or address (`grpolab train` exits 2).
     """
-    from grpolab.core.engine.decode_support import check_decode_path
+    from grpolab.core.engine.decode_support import check_decode_path, check_train_forward
     from grpolab.core.engine.factory import ENGINES
 
     check_on_this_machine(config)
@@ -63,6 +64,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
         check_decode_path(
             config.model.rollout_decode_path, config.model.hf_checkpoint, "--rollout-decode-path"
         )
+    check_train_forward(config.model.train_forward, config.model.hf_checkpoint)
     check_response_length(config)
     if config.ci.ci_ft_test_actions is not None:
         check_reachable(parse_fault_actions(config.ci.ci_ft_test_actions), config.rollout.num_rollout)

@@ -207,7 +207,7 @@ def _build_engine(cfg: Config) -> RolloutEngine:
 def _build_actor(cfg: Config, dist: DistContext) -> Actor:
     ranks = f", {dist.world_size} ranks (FSDP2)" if dist.world_size > 1 else ""
     log.info(f"building the trainer: {cfg.model.train_dtype} on {cfg.model.device}{ranks}")
-    return Actor(
+    actor = Actor(
         cfg.model.hf_checkpoint,
         dtype=parse_dtype(cfg.model.train_dtype, "--train-dtype"),
         device=cfg.model.device,
@@ -217,7 +217,11 @@ def _build_actor(cfg: Config, dist: DistContext) -> Actor:
         build_optimizer=not cfg.debug.debug_disable_optimizer,
         dist_ctx=dist,
         with_reference=reference_needed(cfg),  # no reference model when nothing reads it
+        train_forward=cfg.model.train_forward,
     )
+    forward = "shared-prefix (each prompt runs once for its samples)" if actor.shared_prefix else "padded"
+    log.info(f"the trainer's forward: {forward} (--train-forward {cfg.model.train_forward})")
+    return actor
 
 
 def _run_identity(cfg: Config, tokenizer: Any, fingerprint: str) -> RunIdentity:

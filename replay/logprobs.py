@@ -213,6 +213,7 @@ def trainer_log_probs(config: Config, samples: list[Sample], source: WeightsSour
         temperature=config.rollout.rollout_temperature,
         build_optimizer=False,
         with_reference=False,  # only the policy's log-probs are computed: no reference copy in memory
+        train_forward=config.model.train_forward,
     )
     if source.weights is not None:
         file = Path(source.weights) / "model.safetensors"

@@ -31,6 +31,22 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gpt2_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny randomly initialised GPT-2 checkpoint with the fixture's tokenizer: a model type outside
+    the Llama/Qwen families grpolab's decoder and shared-prefix forward are written for."""
+    import shutil
+
+    import transformers
+
+    out = tmp_path_factory.mktemp("gpt2") / "gpt2"
+    cfg = transformers.GPT2Config(vocab_size=256, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY_MODEL / name, out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def gsm8k_train() -> Path:
     if not GSM8K_TRAIN.exists():
         pytest.skip(f"real GSM8K not found at {GSM8K_TRAIN} (it lives in ../shared/data/gsm8k)")

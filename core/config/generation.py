@@ -14,6 +14,8 @@ from grpolab.core.config.validation import require
 FIXTURES_DIR = Path(__file__).resolve().parent.parent.parent / "fixtures"
 DEFAULT_CHECKPOINT = FIXTURES_DIR / "tiny-qwen3"
 DEFAULT_PROMPT_DATA = FIXTURES_DIR / "data" / "arithmetic_train.jsonl"
+TRAIN_FORWARDS = ("auto", "shared-prefix", "padded")
+"""`--train-forward` choices (core/shared_prefix.py)."""
 
 
 @dataclass(kw_only=True)
@@ -32,6 +34,13 @@ class ModelConfig:
     the model's own forward (any causal LM, the reference the first is tested against); auto:
     grpolab's where the model is supported. Switch to transformers to rule the decoder out when the
     engine's log-probs disagree with the trainer's."""
+    train_forward: str = "auto"
+    """Forward the trainer computes log-probs with: auto | shared-prefix | padded. shared-prefix: the
+    samples of a micro-batch that share a prompt are packed in one row, so the prompt runs once for
+    its group instead of once per sample (same log-probs up to float rounding; Prefix Grouper,
+    arXiv:2506.05433); padded: one padded row per sample, the layout TRL and transformers use;
+    auto: shared-prefix where the model supports it (Llama/Qwen2/Qwen3, full attention, SDPA).
+    Switch to padded to rule the packing out when the trainer's log-probs look wrong."""
     train_dtype: str = "float32"
     """Trainer parameter dtype: float32 | bfloat16 (log-probs are always computed in float32).
 
@@ -53,6 +62,10 @@ class ModelConfig:
         require(
             self.rollout_decode_path in DECODE_PATHS,
             f"--rollout-decode-path must be one of {', '.join(DECODE_PATHS)}, got {self.rollout_decode_path!r}",
+        )
+        require(
+            self.train_forward in TRAIN_FORWARDS,
+            f"--train-forward must be one of {', '.join(TRAIN_FORWARDS)}, got {self.train_forward!r}",
         )
         check_device(self.device, "--device")  # ValueError: cpu, cuda or cuda:N
 

@@ -1,4 +1,5 @@
-"""Which models grpolab's own decoder (`decoder.py`) runs, decided from the model's config alone.
+"""Which models grpolab's own decoder (`decoder.py`) and the trainer's shared-prefix forward
+(`core/shared_prefix.py`) run, decided from the model's config alone.
 
 Torch-free, so that `grpolab train`'s preflight and `grpolab serve` refuse `--rollout-decode-path
 grpolab` / `--decode-path grpolab` for an unsupported model before anything heavy is imported or a
@@ -44,29 +45,56 @@ def unsupported_config_reason(config: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _checkpoint_reason(checkpoint: str, flag_value: str) -> str | None:
+    """`unsupported_config_reason` of a model directory's config.json (None for a `.gguf` checkpoint,
+    whose config is inside the file: loading it checks).
+
+    Raises:
+        ValueError: naming `flag_value` and config.json when it is unreadable.
+    """
+    from grpolab.core.model_files import split_checkpoint
+
+    directory, gguf = split_checkpoint(checkpoint)
+    if gguf is not None:
+        return None
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{flag_value}: cannot read {directory / 'config.json'}: {e}") from None
+    return unsupported_config_reason(config) if isinstance(config, dict) else "config.json is not an object"
+
+
 def check_decode_path(decode_path: str, checkpoint: str, flag: str) -> None:
     """Refuse decode path "grpolab" for a model directory whose config.json the decoder does not run.
 
     `flag` names the option in the message (`--rollout-decode-path`, `grpolab serve --decode-path`).
-    A `.gguf` checkpoint is not checked here (its config is inside the file; loading it checks).
 
     Raises:
         ValueError: naming `flag`, the checkpoint and the reason (also when config.json is unreadable).
     """
-    from grpolab.core.model_files import split_checkpoint
-
     if decode_path != "grpolab":
         return
-    directory, gguf = split_checkpoint(checkpoint)
-    if gguf is not None:
-        return
-    try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{flag} grpolab: cannot read {directory / 'config.json'}: {e}") from None
-    reason = unsupported_config_reason(config) if isinstance(config, dict) else "config.json is not an object"
+    reason = _checkpoint_reason(checkpoint, f"{flag} grpolab")
     if reason is not None:
         raise ValueError(
             f"{flag} grpolab: grpolab's decoder does not run {checkpoint}: {reason}; "
             f"use {flag} auto (transformers' forward for this model) or transformers"
+        )
+
+
+def check_train_forward(train_forward: str, checkpoint: str) -> None:
+    """Refuse `--train-forward shared-prefix` for a model directory outside the families the packed
+    forward is written for: the decoder's (its attention masks are full-attention, its answers'
+    positions RoPE position ids), checked by the same rules.
+
+    Raises:
+        ValueError: naming the flag, the checkpoint and the reason (also when config.json is unreadable).
+    """
+    if train_forward != "shared-prefix":
+        return
+    reason = _checkpoint_reason(checkpoint, "--train-forward shared-prefix")
+    if reason is not None:
+        raise ValueError(
+            f"--train-forward shared-prefix: the packed forward does not run {checkpoint}: {reason}; "
+            "use --train-forward auto (the padded forward for this model) or padded"
         )

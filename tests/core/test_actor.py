@@ -22,6 +22,7 @@ def make_actor(
     gbs: int = 8,
     padding_side: str = "right",
     temperature: float = 1.0,
+    train_forward: str = "auto",
     **algo,
 ) -> Actor:
     torch.manual_seed(0)
@@ -33,6 +34,7 @@ def make_actor(
         algorithm=AlgorithmConfig(**algo),
         temperature=temperature,
         padding_side=padding_side,
+        train_forward=train_forward,
     )
 
 
@@ -111,12 +113,15 @@ def test_kept_token_sets_are_scored_over_the_same_support(tiny_model_dir: Path) 
     assert sum(float((m - w).sum()) for w, m in zip(without, with_mask)) > 1e-3
 
 
+@pytest.mark.parametrize("train_forward", ["padded", "shared-prefix"])
 def test_first_step_is_on_policy_and_micro_batch_size_does_not_matter(
-    tiny_model_dir: Path, samples: list[Sample]
+    tiny_model_dir: Path, samples: list[Sample], train_forward: str
 ) -> None:
     results = {}
     for mbs in (1, 3, 8):
-        actor = make_actor(tiny_model_dir, mbs=mbs, gbs=8, calculate_per_token_loss=mbs == 3)
+        actor = make_actor(
+            tiny_model_dir, mbs=mbs, gbs=8, calculate_per_token_loss=mbs == 3, train_forward=train_forward
+        )
         old = actor.compute_log_probs(samples).log_probs
         metrics = actor.train(samples, old, None, step_offset=0)
         assert metrics[0]["train/ppo_kl"] == 0.0 and metrics[0]["train/pg_clipfrac"] == 0.0
@@ -124,6 +129,11 @@ def test_first_step_is_on_policy_and_micro_batch_size_does_not_matter(
     # sample-mean runs with micro-batch 1 and 8 optimise the same objective
     assert results[1][0]["train/grad_norm"] == pytest.approx(results[8][0]["train/grad_norm"], rel=1e-5)
     assert results[1][0]["train/pg_loss"] == pytest.approx(results[8][0]["train/pg_loss"], rel=1e-5, abs=1e-7)
+    if train_forward == "shared-prefix":
+        # micro-batch 1 has nothing to pack and 8 packs, so the gradients differ by rounding (within
+        # 1e-5, tests/core/test_shared_prefix.py); AdamW's first step, lr * g / (|g| + eps), turns that
+        # into up to ~1.5e-5 on components whose gradient is near eps: the weights are compared padded
+        return
     for a, b in zip(results[1][1], results[8][1]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)  # Adam steps are ~lr=1e-3
 

@@ -11,7 +11,6 @@ weight updates between calls.
 from __future__ import annotations
 
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -224,20 +223,16 @@ def test_config_rules_match_the_loaded_model(change: dict, reason: str | None) -
         assert unsupported_reason(transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**config))) == got
 
 
-def test_grpolab_path_for_an_unsupported_model_is_refused_before_the_run(tmp_path: Path) -> None:
-    cfg = transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=1, n_head=2, n_positions=64)
-    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
-    shutil.copy(Path(__file__).parents[2] / "fixtures" / "tiny-qwen3" / "tokenizer.json", tmp_path / "gpt2")
-    shutil.copy(
-        Path(__file__).parents[2] / "fixtures" / "tiny-qwen3" / "tokenizer_config.json", tmp_path / "gpt2"
-    )
+def test_grpolab_path_for_an_unsupported_model_is_refused_before_the_run(
+    tmp_path: Path, gpt2_model_dir: Path
+) -> None:
     with pytest.raises(ValueError, match="model_type 'gpt2'"):
-        check_decode_path("grpolab", str(tmp_path / "gpt2"), "--rollout-decode-path")
-    check_decode_path("auto", str(tmp_path / "gpt2"), "--rollout-decode-path")  # auto falls back: no error
+        check_decode_path("grpolab", str(gpt2_model_dir), "--rollout-decode-path")
+    check_decode_path("auto", str(gpt2_model_dir), "--rollout-decode-path")  # auto falls back: no error
     run_dir = tmp_path / "run"
     argv = [
         "--hf-checkpoint",
-        str(tmp_path / "gpt2"),
+        str(gpt2_model_dir),
         "--rollout-decode-path",
         "grpolab",
         "--run-dir",
@@ -247,6 +242,6 @@ def test_grpolab_path_for_an_unsupported_model_is_refused_before_the_run(tmp_pat
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert (
         "grpolab train: error: --rollout-decode-path grpolab: grpolab's decoder does not run "
-        f"{tmp_path / 'gpt2'}: model_type 'gpt2' (the decoder implements llama, qwen2, qwen3)"
+        f"{gpt2_model_dir}: model_type 'gpt2' (the decoder implements llama, qwen2, qwen3)"
     ) in proc.stderr
     assert not run_dir.exists()

@@ -59,9 +59,10 @@ def test_a_piped_run_says_what_it_loads_each_rollout_and_where_it_is(tmp_path: P
         "building the rollout engine: torch, float32 on cpu",
         "the engine decodes with grpolab's own forward (--rollout-decode-path auto)",
         "building the trainer: float32 on cpu",
+        "the trainer's forward: shared-prefix (each prompt runs once for its samples) (--train-forward auto)",
     ]
     assert lines[0] == "importing torch and transformers ..."  # before the slow imports; not in console.log
-    assert lines[1:6] == expected_start, lines[:7]
+    assert lines[1:7] == expected_start, lines[:8]
     progress = [line for line in lines if line.startswith("[")]
     assert [p.split(" ", 1)[0] for p in progress] == ["[1/2]", "[2/2]"]
     rewards = [json.loads(r)["metrics"]["rollout/raw_reward"] for r in _records(run_dir, "rollout")]
@@ -69,7 +70,7 @@ def test_a_piped_run_says_what_it_loads_each_rollout_and_where_it_is(tmp_path: P
     assert lines[-3].endswith(f"; reward {rewards[0]:.3f} -> {rewards[1]:.3f}")
     assert lines[-2:] == [f"run directory: {run_dir}", f"open it in the UI: grpolab ui {run_dir}"]
     console = (run_dir / "console.log").read_text().splitlines()
-    assert console[:5] == expected_start and console[-3:] == lines[-3:]
+    assert console[:6] == expected_start and console[-3:] == lines[-3:]
     rank0 = json.loads((run_dir / "ranks" / "0.json").read_text())
     assert rank0["heartbeat"]["phase"] == "finished"
 

@@ -1,0 +1,213 @@
+"""The trainer's shared-prefix forward (core/shared_prefix.py) against the padded forward it replaces."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpolab.core import algorithms
+from grpolab.core.actor import Actor
+from grpolab.core.batch import MicroBatch, Sample, collate
+from grpolab.core.config import AlgorithmConfig, OptimizerConfig
+from grpolab.core.engine.base import GenerationRequest, SamplingParams
+from grpolab.core.engine.decode_support import check_train_forward
+from grpolab.core.engine.torch_engine import TorchEngine
+from grpolab.core.modeling import load_causal_lm, load_tokenizer
+from grpolab.core.shared_prefix import pack_shared_prefix
+
+QUESTIONS = [
+    "Tom has 3 apples and buys 5 more. How many apples does Tom have now?",
+    "What is 7 + 8?",
+    "A shop had 19 pens. It sold 4 of them in the morning and 6 more later. How many pens are left?",
+]
+TOLERANCE = 1e-5
+"""Largest |log-prob| difference allowed between the packed and the padded forward: they differ by
+float32 rounding only (measured on the default run's micro-batches: 3.8e-6)."""
+
+
+def generated(model_dir: Path, *, per_prompt: int = 4, top_k: int = 0) -> list[Sample]:
+    """Engine samples of three prompts of different lengths, `per_prompt` answers each, grouped."""
+    tok = load_tokenizer(model_dir)
+    prompts = [
+        tok(
+            tok.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for q in QUESTIONS
+    ]
+    reqs = [
+        GenerationRequest(prompt_ids=p, seed=7 * g + i)
+        for g, p in enumerate(prompts)
+        for i in range(per_prompt)
+    ]
+    params = SamplingParams(top_k=top_k, max_new_tokens=12, stop_token_ids=(tok.eos_token_id,))
+    results = TorchEngine(model_dir, show_progress=False).generate(reqs, params)
+    return [
+        Sample(
+            index=i,
+            prompt_index=i // per_prompt,
+            group_index=i // per_prompt,
+            sample_index=i % per_prompt,
+            seed=req.seed,
+            prompt_ids=list(req.prompt_ids),
+            response_ids=res.response_ids,
+            rollout_log_probs=res.log_probs,
+            loss_mask=torch.ones(len(res.response_ids)),
+            finish_reason=res.finish_reason,
+            kept_token_ids=res.kept_token_ids,
+            advantage=1.0 if i % 3 else -1.0,
+        )
+        for i, (req, res) in enumerate(zip(reqs, results))
+    ]
+
+
+def actor(model_dir: Path, train_forward: str, padding_side: str = "right") -> Actor:
+    return Actor(
+        str(model_dir),
+        dtype=torch.float32,
+        device="cpu",
+        optimizer=OptimizerConfig(micro_batch_size=6, global_batch_size=12),
+        algorithm=AlgorithmConfig(),
+        temperature=1.0,
+        padding_side=padding_side,
+        train_forward=train_forward,
+    )
+
+
+@pytest.fixture(scope="module")
+def samples(tiny_model_dir: Path) -> list[Sample]:
+    return generated(tiny_model_dir)
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+@pytest.mark.parametrize("top_k", [0, 20])
+def test_packed_log_probs_and_entropies_match_the_padded_forward(
+    tiny_model_dir: Path, padding_side: str, top_k: int
+) -> None:
+    batch = generated(tiny_model_dir, top_k=top_k)
+    # micro-batches of 6 over groups of 4: a group is split across two micro-batches, and packed in both
+    assert [len({tuple(s.prompt_ids) for s in batch[i : i + 6]}) for i in (0, 6)] == [2, 2]
+    packed_actor = actor(tiny_model_dir, "shared-prefix", padding_side)
+    assert packed_actor.shared_prefix
+    packed = packed_actor.compute_log_probs(batch, with_entropy=True)
+    padded = actor(tiny_model_dir, "padded", padding_side).compute_log_probs(batch, with_entropy=True)
+    assert packed.entropy is not None and padded.entropy is not None
+    for s, a, b, ea, eb in zip(batch, packed.log_probs, padded.log_probs, packed.entropy, padded.entropy):
+        assert a.shape == b.shape == (len(s.response_ids),)
+        torch.testing.assert_close(a, b, rtol=0, atol=TOLERANCE)
+        torch.testing.assert_close(ea, eb, rtol=0, atol=TOLERANCE)
+        torch.testing.assert_close(a, s.rollout_log_probs, rtol=0, atol=1e-4)  # and both match the engine
+
+
+def _response_log_probs(model: torch.nn.Module, mb: MicroBatch, packed: bool, mask=None) -> torch.Tensor:
+    """[B, L] float32 log-probs of `mb`'s tokens (0 off the responses), packed or padded."""
+    B, L = mb.input_ids_BL.shape
+    K = L - int(mb.response_mask_BL.float().argmax(dim=1).min()) + 1
+    if packed:
+        pk = pack_shared_prefix(mb, K, pad_id=0)
+        assert pk is not None
+        ids, attend, pos, keep = pk.inputs()
+        attend = attend if mask is None else mask(attend)
+        logits = pk.unpack(
+            model(input_ids=ids, attention_mask=attend, position_ids=pos, logits_to_keep=keep).logits, B, K
+        )
+    else:
+        logits = model(
+            input_ids=mb.input_ids_BL,
+            attention_mask=mb.attention_mask_BL,
+            position_ids=mb.position_ids_BL,
+            logits_to_keep=K,
+        ).logits
+    out = torch.zeros((B, L))
+    out[:, L - K :] = algorithms.token_log_probs(logits, mb.input_ids_BL[:, L - K :], temperature=1.0)
+    return out * mb.response_mask_BL
+
+
+def test_packed_gradients_match_the_padded_forward(tiny_model_dir: Path, samples: list[Sample]) -> None:
+    model = load_causal_lm(tiny_model_dir).train()
+    mb = collate(samples, pad_id=0)
+    grads = []
+    for packed in (True, False):
+        model.zero_grad()
+        _response_log_probs(model, mb, packed).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        ref = grads[1][name]
+        assert float((g - ref).norm()) <= 1e-5 * float(ref.norm()), name
+
+
+def test_an_answer_sees_its_prompt_and_itself_only(tiny_model_dir: Path, samples: list[Sample]) -> None:
+    model = load_causal_lm(tiny_model_dir)
+    group = samples[:4]  # one prompt, four answers packed in one row, answer 0 first
+    changed = [*group]
+    first = group[0]
+    other = [(t + 1) % 1024 for t in first.response_ids]  # answer 0 replaced, same length
+    changed[0] = Sample(**{**first.__dict__, "response_ids": other})
+    with torch.no_grad():
+        before = _response_log_probs(model, collate(group, pad_id=0), True)
+        after = _response_log_probs(model, collate(changed, pad_id=0), True)
+
+        # the same change with every earlier token visible (a plain causal mask over the packed row)
+        def causal(m: torch.Tensor) -> torch.Tensor:
+            return torch.ones_like(m).tril_()
+
+        leaky = _response_log_probs(model, collate(group, pad_id=0), True, causal)
+    assert not torch.equal(before[0], after[0])
+    torch.testing.assert_close(after[1:], before[1:], rtol=0, atol=1e-6)  # answers 1-3 never see answer 0
+    assert float((leaky[1:] - before[1:]).abs().max()) > 1e-3  # and the check would see a leaking mask
+
+
+def test_packing_only_when_prompts_repeat(tiny_model_dir: Path, samples: list[Sample]) -> None:
+    one_each = [samples[0], samples[4], samples[8]]
+    mb = collate(one_each, pad_id=0)
+    assert pack_shared_prefix(mb, mb.input_ids_BL.shape[1], pad_id=0) is None
+    pk = pack_shared_prefix(collate(samples, pad_id=0), 40, pad_id=0)
+    assert pk is not None and pk.input_ids_GT.shape[0] == 3  # one row per distinct prompt
+    rows = [
+        len(s.prompt_ids) + sum(len(t.response_ids) for t in samples[4 * g : 4 * g + 4])
+        for g, s in enumerate(samples[::4])
+    ]
+    assert pk.input_ids_GT.shape[1] == max(rows)
+    assert int(pk.position_ids_GT[0, len(samples[0].prompt_ids)]) == len(
+        samples[0].prompt_ids
+    )  # answers restart
+    assert not actor(tiny_model_dir, "padded").shared_prefix and actor(tiny_model_dir, "auto").shared_prefix
+    with pytest.raises(ValueError, match="misses a scored position"):
+        pack_shared_prefix(collate(samples, pad_id=0), 2, pad_id=0)
+
+
+def test_shared_prefix_for_an_unsupported_model_is_refused_before_the_run(
+    tmp_path: Path, gpt2_model_dir: Path
+) -> None:
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        check_train_forward("shared-prefix", str(gpt2_model_dir))
+    check_train_forward("auto", str(gpt2_model_dir))  # auto falls back to the padded forward
+    run_dir = tmp_path / "run"
+    argv = [
+        "--hf-checkpoint",
+        str(gpt2_model_dir),
+        "--train-forward",
+        "shared-prefix",
+        "--run-dir",
+        str(run_dir),
+    ]
+    proc = subprocess.run([sys.executable, "-m", "grpolab", "train", *argv], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        f"grpolab train: error: --train-forward shared-prefix: the packed forward does not run {gpt2_model_dir}: "
+        "model_type 'gpt2'"
+    ) in proc.stderr
+    assert not run_dir.exists()
+    bad = subprocess.run(
+        [sys.executable, "-m", "grpolab", "train", "--train-forward", "packed"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2
+    assert "--train-forward must be one of auto, shared-prefix, padded, got 'packed'" in bad.stderr
