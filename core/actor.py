@@ -74,11 +74,9 @@ class Actor:
         self.device = torch.device(device)
         self.dist = dist_ctx or DistContext()
         self.model = load_causal_lm(checkpoint, dtype=dtype, device=self.device)
-        unsupported = shared_prefix.unsupported_reason(self.model)
-        if train_forward == "shared-prefix" and unsupported is not None:
-            raise ValueError(f"--train-forward shared-prefix: {checkpoint}: {unsupported}")
-        self.shared_prefix = train_forward != "padded" and unsupported is None
-        """Whether micro-batches whose samples share a prompt run packed (`shared_prefix`)."""
+        self._pair_weight = shared_prefix.planned_pair_weight(self.model, train_forward, checkpoint)
+        self.shared_prefix = self._pair_weight is not None
+        """Whether micro-batches whose samples share a prompt run packed (`shared_prefix`), where it pays."""
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if with_reference else None
         if self.dist.distributed:
             shard_model(
@@ -140,7 +138,9 @@ class Actor:
         B, L = mb.input_ids_BL.shape
         starts = mb.response_mask_BL.float().argmax(dim=1)  # first response position per row
         K = min(L, L - int(starts.min()) + 1)
-        packed = shared_prefix.pack_shared_prefix(mb, K, self.pad_id) if self.shared_prefix else None
+        packed = None
+        if self.shared_prefix:
+            packed = shared_prefix.pack_shared_prefix(mb, K, self.pad_id, pair_weight=self._pair_weight)
         ids, mask, positions, keep = (
             (mb.input_ids_BL, mb.attention_mask_BL, mb.position_ids_BL, K)
             if packed is None

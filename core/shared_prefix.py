@@ -42,6 +42,34 @@ def unsupported_reason(model: nn.Module) -> str | None:
     return unsupported_config_reason(model.config.to_dict())
 
 
+def tokens_per_attention_pair(config: object) -> float:
+    """How many query-key pairs of attention cost as much as one token through a layer's linear
+    projections, from a Llama-family config (FLOPs per layer, multiply-adds counted as 2):
+    a token's projections 2 (H (Hq + 2 Hk) D + Hq D H + 3 H I), a pair's q·k and p·v 4 Hq D.
+    Tiny fixture model: 768; SmolLM2-135M: 3,072. `pack_shared_prefix` weighs rows with it."""
+    H = int(config.hidden_size)
+    Hq = int(config.num_attention_heads)
+    Hk = int(getattr(config, "num_key_value_heads", None) or Hq)
+    D = int(getattr(config, "head_dim", None) or H // Hq)
+    intermediate = int(config.intermediate_size)
+    return 2 * (H * (Hq + 2 * Hk) * D + Hq * D * H + 3 * H * intermediate) / (4 * Hq * D)
+
+
+def planned_pair_weight(model: nn.Module, train_forward: str, checkpoint: str) -> float | None:
+    """The `pair_weight` to pack `model`'s micro-batches with under `--train-forward train_forward`,
+    or None for the padded forward ("padded", or "auto" on a model `unsupported_reason` names).
+
+    Raises:
+        ValueError: "shared-prefix" for a model the packed forward does not run (naming `checkpoint`).
+    """
+    reason = unsupported_reason(model)
+    if train_forward == "shared-prefix" and reason is not None:
+        raise ValueError(f"--train-forward shared-prefix: {checkpoint}: {reason}")
+    if train_forward == "padded" or reason is not None:
+        return None
+    return tokens_per_attention_pair(model.config)
+
+
 @dataclass(kw_only=True)
 class PackedBatch:
     """One micro-batch packed by prompt (see module doc).
@@ -75,9 +103,16 @@ class PackedBatch:
         return out_BKV.index_put((self.dst_row_N, self.dst_col_N), logits_GKV[self.src_row_N, self.src_col_N])
 
 
-def pack_shared_prefix(mb: MicroBatch, K: int, pad_id: int) -> PackedBatch | None:
-    """Pack `mb` one row per distinct prompt, or None when no two samples share a prompt (then the
-    padded forward does no repeated work and stays as it is).
+def pack_shared_prefix(
+    mb: MicroBatch, K: int, pad_id: int, *, pair_weight: float | None = None
+) -> PackedBatch | None:
+    """Pack `mb` one row per distinct prompt, or None when packing would not pay: no two samples
+    share a prompt (the padded forward then repeats no work), or, with `pair_weight` (see
+    `tokens_per_attention_pair`), the packed rows cost more: attention over a mask computes every
+    query-key pair of a row (SDPA's CPU kernel skips none), so a row of G answers of length R costs
+    (G R)² pairs against G R² padded, and packing is chosen only if G' T (w + T) < B L (w + L) for
+    G' packed rows of length T, B padded rows of length L and w = `pair_weight` (linear work per
+    token plus attention per token, in pairs). Long answers to short prompts are left padded.
 
     `K`: the logits the caller keeps per sample row (its last K positions of L), as for
     `logits_to_keep`; every position a response token is scored from (a sample's last prompt
@@ -117,6 +152,8 @@ def pack_shared_prefix(mb: MicroBatch, K: int, pad_id: int) -> PackedBatch | Non
         segments.append(seg)
         positions.append(pos)
     G, T = len(rows), max(len(r) for r in rows)
+    if pair_weight is not None and G * T * (pair_weight + T) >= B * L * (pair_weight + L):
+        return None
     dev = mb.input_ids_BL.device
     ids_GT = torch.full((G, T), pad_id, dtype=torch.long)
     pos_GT = torch.zeros((G, T), dtype=torch.long)

@@ -17,7 +17,7 @@ from grpolab.core.engine.base import GenerationRequest, SamplingParams
 from grpolab.core.engine.decode_support import check_train_forward
 from grpolab.core.engine.torch_engine import TorchEngine
 from grpolab.core.modeling import load_causal_lm, load_tokenizer
-from grpolab.core.shared_prefix import pack_shared_prefix
+from grpolab.core.shared_prefix import pack_shared_prefix, tokens_per_attention_pair
 
 QUESTIONS = [
     "Tom has 3 apples and buys 5 more. How many apples does Tom have now?",
@@ -211,3 +211,36 @@ def test_shared_prefix_for_an_unsupported_model_is_refused_before_the_run(
     )
     assert bad.returncode == 2
     assert "--train-forward must be one of auto, shared-prefix, padded, got 'packed'" in bad.stderr
+
+
+def _synthetic(prompt_len: int, answer_len: int, answers: int) -> list[Sample]:
+    prompt = [5 + i % 50 for i in range(prompt_len)]
+    return [
+        Sample(
+            index=i,
+            prompt_index=0,
+            group_index=0,
+            sample_index=i,
+            seed=i,
+            prompt_ids=prompt,
+            response_ids=[7 + (i + j) % 90 for j in range(answer_len)],
+            rollout_log_probs=torch.zeros(answer_len),
+            loss_mask=torch.ones(answer_len),
+            finish_reason="length",
+        )
+        for i in range(answers)
+    ]
+
+
+def test_long_answers_to_a_short_prompt_stay_padded(tiny_model_dir: Path) -> None:
+    weight = tokens_per_attention_pair(load_causal_lm(tiny_model_dir).config)
+    assert weight == 768.0  # 2 (128·256 + 128·128 + 3·128·384) / (4·128) for the tiny model
+    # 8 answers of 200 tokens to a 5-token prompt: one 1,605-token row costs 1605·(768+1605) against
+    # 8·205·(768+205) padded: packing would do 2.4x the work
+    long = collate(_synthetic(5, 200, 8), pad_id=0)
+    K = long.input_ids_BL.shape[1] - 5 + 1
+    assert pack_shared_prefix(long, K, pad_id=0) is not None  # without a weight: whenever prompts repeat
+    assert pack_shared_prefix(long, K, pad_id=0, pair_weight=weight) is None
+    # the default run's shape (37-token prompts, 8 answers of ~14) packs
+    short = collate(_synthetic(37, 14, 8), pad_id=0)
+    assert pack_shared_prefix(short, 15, pad_id=0, pair_weight=weight) is not None
