@@ -33,6 +33,7 @@ from grpolab.core.metrics import PhaseTimer
 from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
 from grpolab.core.rollout import RolloutProducer
 from grpolab.core.seeding import seed_everything
+from grpolab.core.shared_prefix import unsupported_reason
 from grpolab.core.train_phase import reference_needed
 from grpolab.replay.fingerprints import chat_template_hash, tokenizer_fingerprint
 from grpolab.replay.replayer import RolloutRecorder, RunIdentity
@@ -219,7 +220,11 @@ def _build_actor(cfg: Config, dist: DistContext) -> Actor:
         with_reference=reference_needed(cfg),  # no reference model when nothing reads it
         train_forward=cfg.model.train_forward,
     )
-    forward = "shared-prefix (each prompt runs once for its samples)" if actor.shared_prefix else "padded"
+    forward = "padded"
+    if actor.shared_prefix:
+        forward = "shared-prefix (a prompt runs once for its samples in micro-batches where that pays)"
+    elif cfg.model.train_forward == "auto":
+        forward += f"; the packed forward does not run this model: {unsupported_reason(actor.model)}"
     log.info(f"the trainer's forward: {forward} (--train-forward {cfg.model.train_forward})")
     return actor
 

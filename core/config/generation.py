@@ -38,9 +38,11 @@ class ModelConfig:
     """Forward the trainer computes log-probs with: auto | shared-prefix | padded. shared-prefix: the
     samples of a micro-batch that share a prompt are packed in one row, so the prompt runs once for
     its group instead of once per sample (same log-probs up to float rounding; Prefix Grouper,
-    arXiv:2506.05433); padded: one padded row per sample, the layout TRL and transformers use;
-    auto: shared-prefix where the model supports it (Llama/Qwen2/Qwen3, full attention, SDPA).
-    Switch to padded to rule the packing out when the trainer's log-probs look wrong."""
+    arXiv:2506.05433), in micro-batches where that costs fewer FLOPs (long answers to short prompts
+    stay padded); padded: one padded row per sample, the layout TRL and transformers use; auto:
+    shared-prefix where the model supports it (Llama/Qwen2/Qwen3, full attention, SDPA), else padded,
+    while shared-prefix refuses other models. Switch to padded to rule the packing out when the
+    trainer's log-probs look wrong; a bitwise replay needs the recorded run's setting."""
     train_dtype: str = "float32"
     """Trainer parameter dtype: float32 | bfloat16 (log-probs are always computed in float32).
 

@@ -45,12 +45,12 @@ def unsupported_config_reason(config: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _checkpoint_reason(checkpoint: str, flag_value: str) -> str | None:
-    """`unsupported_config_reason` of a model directory's config.json (None for a `.gguf` checkpoint,
-    whose config is inside the file: loading it checks).
+def _checkpoint_config(checkpoint: str, flag_value: str) -> Mapping[str, Any] | None:
+    """A model directory's config.json, or None for a `.gguf` checkpoint (its config is inside the
+    file: loading it checks).
 
     Raises:
-        ValueError: naming `flag_value` and config.json when it is unreadable.
+        ValueError: naming `flag_value` and config.json when it is unreadable or not an object.
     """
     from grpolab.core.model_files import split_checkpoint
 
@@ -61,7 +61,9 @@ def _checkpoint_reason(checkpoint: str, flag_value: str) -> str | None:
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ValueError(f"{flag_value}: cannot read {directory / 'config.json'}: {e}") from None
-    return unsupported_config_reason(config) if isinstance(config, dict) else "config.json is not an object"
+    if not isinstance(config, dict):
+        raise ValueError(f"{flag_value}: {directory / 'config.json'} is not a JSON object")
+    return config
 
 
 def check_decode_path(decode_path: str, checkpoint: str, flag: str) -> None:
@@ -74,7 +76,8 @@ def check_decode_path(decode_path: str, checkpoint: str, flag: str) -> None:
     """
     if decode_path != "grpolab":
         return
-    reason = _checkpoint_reason(checkpoint, f"{flag} grpolab")
+    config = _checkpoint_config(checkpoint, f"{flag} grpolab")
+    reason = None if config is None else unsupported_config_reason(config)
     if reason is not None:
         raise ValueError(
             f"{flag} grpolab: grpolab's decoder does not run {checkpoint}: {reason}; "
@@ -85,14 +88,22 @@ def check_decode_path(decode_path: str, checkpoint: str, flag: str) -> None:
 def check_train_forward(train_forward: str, checkpoint: str) -> None:
     """Refuse `--train-forward shared-prefix` for a model directory outside the families the packed
     forward is written for: the decoder's (its attention masks are full-attention, its answers'
-    positions RoPE position ids), checked by the same rules.
+    positions RoPE position ids), checked by the same rules, on SDPA attention (an
+    `attn_implementation` other than sdpa in config.json is refused; `shared_prefix.unsupported_reason`
+    checks the loaded model).
 
     Raises:
         ValueError: naming the flag, the checkpoint and the reason (also when config.json is unreadable).
     """
     if train_forward != "shared-prefix":
         return
-    reason = _checkpoint_reason(checkpoint, "--train-forward shared-prefix")
+    config = _checkpoint_config(checkpoint, "--train-forward shared-prefix")
+    reason = None if config is None else unsupported_config_reason(config)
+    attention = (
+        None if config is None else config.get("attn_implementation", config.get("_attn_implementation"))
+    )
+    if reason is None and attention not in (None, "sdpa"):
+        reason = f"attention implementation {attention!r} in config.json (needs sdpa, which takes a 4D boolean mask)"
     if reason is not None:
         raise ValueError(
             f"--train-forward shared-prefix: the packed forward does not run {checkpoint}: {reason}; "

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_samples import engine_samples
 
 from grpolab.core.actor import Actor
 from grpolab.core.batch import Sample
 from grpolab.core.config import AlgorithmConfig, OptimizerConfig
-from grpolab.core.engine.base import GenerationRequest, SamplingParams
-from grpolab.core.engine.torch_engine import TorchEngine
-from grpolab.core.modeling import load_tokenizer
+from grpolab.core.engine.base import SamplingParams
 
 
 def make_actor(
@@ -39,44 +38,15 @@ def make_actor(
 
 
 def generate(model_dir: Path, n: int = 8, *, temperature: float = 1.0, top_k: int = 0) -> list[Sample]:
-    tok = load_tokenizer(model_dir)
+    """n samples of two questions, alternating (seeds 100, 101, ...)."""
     questions = [
         "Tom has 3 apples and buys 5 more. How many apples does Tom have now?",
         "A shop had 9 pens. It sold 4 of them. How many pens are left?",
     ]
-    engine = TorchEngine(model_dir, show_progress=False)
-    prompts = [
-        tok(
-            tok.apply_chat_template(
-                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-            ),
-            add_special_tokens=False,
-        )["input_ids"]
-        for q in questions
-    ]
-    reqs = [GenerationRequest(prompt_ids=prompts[i % 2], seed=100 + i) for i in range(n)]
-    params = SamplingParams(
-        temperature=temperature, top_k=top_k, max_new_tokens=16, stop_token_ids=(tok.eos_token_id,)
+    params = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=16)
+    return engine_samples(
+        model_dir, questions, [i % 2 for i in range(n)], [100 + i for i in range(n)], params
     )
-    out = []
-    for i, (req, res) in enumerate(zip(reqs, engine.generate(reqs, params))):
-        out.append(
-            Sample(
-                index=i,
-                prompt_index=i % 2,
-                group_index=i % 2,
-                sample_index=i // 2,
-                seed=req.seed,
-                prompt_ids=list(req.prompt_ids),
-                response_ids=res.response_ids,
-                rollout_log_probs=res.log_probs,
-                loss_mask=torch.ones(len(res.response_ids)),
-                finish_reason=res.finish_reason,
-                kept_token_ids=res.kept_token_ids,
-                advantage=1.0 if i % 3 else -1.0,
-            )
-        )
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,8 @@ def test_a_piped_run_says_what_it_loads_each_rollout_and_where_it_is(tmp_path: P
         "building the rollout engine: torch, float32 on cpu",
         "the engine decodes with grpolab's own forward (--rollout-decode-path auto)",
         "building the trainer: float32 on cpu",
-        "the trainer's forward: shared-prefix (each prompt runs once for its samples) (--train-forward auto)",
+        "the trainer's forward: shared-prefix (a prompt runs once for its samples in micro-batches where that "
+        "pays) (--train-forward auto)",
     ]
     assert lines[0] == "importing torch and transformers ..."  # before the slow imports; not in console.log
     assert lines[1:7] == expected_start, lines[:8]

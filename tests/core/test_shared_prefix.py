@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from engine_samples import engine_samples
 
 from grpolab.core import algorithms
 from grpolab.core.actor import Actor
 from grpolab.core.batch import MicroBatch, Sample, collate
 from grpolab.core.config import AlgorithmConfig, OptimizerConfig
-from grpolab.core.engine.base import GenerationRequest, SamplingParams
+from grpolab.core.engine.base import SamplingParams
 from grpolab.core.engine.decode_support import check_train_forward
-from grpolab.core.engine.torch_engine import TorchEngine
-from grpolab.core.modeling import load_causal_lm, load_tokenizer
-from grpolab.core.shared_prefix import pack_shared_prefix, tokens_per_attention_pair
+from grpolab.core.modeling import load_causal_lm
+from grpolab.core.shared_prefix import pack_shared_prefix, tokens_per_attention_pair, unsupported_reason
 
 QUESTIONS = [
     "Tom has 3 apples and buys 5 more. How many apples does Tom have now?",
@@ -31,40 +33,11 @@ float32 rounding only (measured on the default run's micro-batches: 3.8e-6)."""
 
 def generated(model_dir: Path, *, per_prompt: int = 4, top_k: int = 0) -> list[Sample]:
     """Engine samples of three prompts of different lengths, `per_prompt` answers each, grouped."""
-    tok = load_tokenizer(model_dir)
-    prompts = [
-        tok(
-            tok.apply_chat_template(
-                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-            ),
-            add_special_tokens=False,
-        )["input_ids"]
-        for q in QUESTIONS
-    ]
-    reqs = [
-        GenerationRequest(prompt_ids=p, seed=7 * g + i)
-        for g, p in enumerate(prompts)
-        for i in range(per_prompt)
-    ]
-    params = SamplingParams(top_k=top_k, max_new_tokens=12, stop_token_ids=(tok.eos_token_id,))
-    results = TorchEngine(model_dir, show_progress=False).generate(reqs, params)
-    return [
-        Sample(
-            index=i,
-            prompt_index=i // per_prompt,
-            group_index=i // per_prompt,
-            sample_index=i % per_prompt,
-            seed=req.seed,
-            prompt_ids=list(req.prompt_ids),
-            response_ids=res.response_ids,
-            rollout_log_probs=res.log_probs,
-            loss_mask=torch.ones(len(res.response_ids)),
-            finish_reason=res.finish_reason,
-            kept_token_ids=res.kept_token_ids,
-            advantage=1.0 if i % 3 else -1.0,
-        )
-        for i, (req, res) in enumerate(zip(reqs, results))
-    ]
+    prompt_of = [g for g in range(len(QUESTIONS)) for _ in range(per_prompt)]
+    seeds = [7 * g + i for g in range(len(QUESTIONS)) for i in range(per_prompt)]
+    return engine_samples(
+        model_dir, QUESTIONS, prompt_of, seeds, SamplingParams(top_k=top_k, max_new_tokens=12)
+    )
 
 
 def actor(model_dir: Path, train_forward: str, padding_side: str = "right") -> Actor:
@@ -244,3 +217,20 @@ def test_long_answers_to_a_short_prompt_stay_padded(tiny_model_dir: Path) -> Non
     # the default run's shape (37-token prompts, 8 answers of ~14) packs
     short = collate(_synthetic(37, 14, 8), pad_id=0)
     assert pack_shared_prefix(short, 15, pad_id=0, pair_weight=weight) is not None
+
+
+def test_an_attention_implementation_other_than_sdpa_is_refused_before_the_run(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    eager = tmp_path / "eager"
+    shutil.copytree(tiny_model_dir, eager)
+    config = json.loads((eager / "config.json").read_text())
+    (eager / "config.json").write_text(json.dumps({**config, "attn_implementation": "eager"}))
+    with pytest.raises(ValueError, match="attention implementation 'eager' in config.json"):
+        check_train_forward("shared-prefix", str(eager))
+    check_train_forward("auto", str(eager))  # auto: the padded forward, said at start
+    packed = load_causal_lm(eager)
+    assert (
+        unsupported_reason(packed)
+        == "attention implementation 'eager' (needs sdpa, which takes a 4D boolean mask)"
+    )
