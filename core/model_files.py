@@ -152,11 +152,30 @@ def check_model(path: str | Path, *, tokenizer: bool = True, weights: bool = Tru
         problem = json_object_problem(directory / name)
         if problem:
             raise ValueError(f"--hf-checkpoint: {directory / name} {problem}")
+    problem = special_token_problem(json.loads((directory / "config.json").read_bytes().decode("utf-8")))
+    if problem:
+        raise ValueError(f"--hf-checkpoint: {directory / 'config.json'}: {problem}")
     for file in files:
         problem = weight_file_problem(file)
         if problem:
             raise ValueError(f"--hf-checkpoint: {file} {problem}")
     return directory, None
+
+
+def special_token_problem(config: dict) -> str | None:
+    """Why a config.json's `pad_token_id` / `eos_token_id` / `bos_token_id` (an int or a list of ints)
+    cannot index its `vocab_size` embedding rows, or None. The trainer pads with the pad id, else the
+    eos id, and an id past the embedding stops the first forward with an IndexError. Configs without
+    a top-level `vocab_size` (nested text configs) are not checked."""
+    vocab = config.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        return None
+    for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        value = config.get(key)
+        for token in value if isinstance(value, list) else [value]:
+            if isinstance(token, int) and not isinstance(token, bool) and not 0 <= token < vocab:
+                return f"{key} {token} is outside the vocabulary (vocab_size {vocab}): token ids run 0..{vocab - 1}"
+    return None
 
 
 def json_object_problem(path: Path) -> str | None:

@@ -107,6 +107,11 @@ def incomplete_models(tiny_model_dir: Path, tmp: Path) -> dict[str, tuple[Path, 
     (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
     index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
     (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    eos_past_vocab = copy_model(tiny_model_dir, tmp / "eos_past_vocab")  # GPT-2's eos in a 1,024-token model
+    config = json.loads((eos_past_vocab / "config.json").read_text())
+    (eos_past_vocab / "config.json").write_text(
+        json.dumps({**config, "eos_token_id": 50256, "pad_token_id": None})
+    )
     not_gguf = tmp / "model.gguf"
     not_gguf.write_bytes(b"<html>not a model</html>")
     return {
@@ -121,6 +126,12 @@ def incomplete_models(tiny_model_dir: Path, tmp: Path) -> dict[str, tuple[Path, 
         ),
         "sharded": (sharded, ["model-00002-of-00002.safetensors is missing (the weight index names it)"]),
         "not_gguf": (not_gguf, [f"{not_gguf} is not a GGUF file: it starts with b'<htm'"]),
+        "eos_past_vocab": (
+            eos_past_vocab,
+            [
+                "config.json: eos_token_id 50256 is outside the vocabulary (vocab_size 1024): token ids run 0..1023"
+            ],
+        ),
     }
 
 
