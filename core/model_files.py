@@ -108,6 +108,24 @@ def has_tokenizer(directory: Path) -> bool:
     return any((directory / name).is_file() for name in (*TOKENIZER_FILES, "sentencepiece.bpe.model"))
 
 
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+"""Files transformers reads a chat template from besides tokenizer_config.json's "chat_template"."""
+
+
+def has_chat_template(directory: Path) -> bool:
+    """Whether a tokenizer directory holds a chat template (CHAT_TEMPLATE_FILES, an
+    `additional_chat_templates` folder, or a non-empty "chat_template" in tokenizer_config.json)."""
+    if any((directory / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        return True
+    if (directory / "additional_chat_templates").is_dir():
+        return True
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
 def missing_gguf_packages() -> list[str]:
     """The packages transformers needs to load a .gguf (`gguf`, `accelerate`) that are not installed."""
     return [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]

@@ -8,7 +8,8 @@ whole weights, `model_files.check_model`), that `--rollout-decode-path grpolab` 
 decoder runs (`decode_support.check_decode_path`), `--train-forward shared-prefix` one the packed
 forward runs (`check_train_forward`), `--rollout-max-response-len` against the model's
 `max_position_embeddings` (`check_response_length`), that every `--ci-ft-test-actions` item can
-fire (`faults.check_reachable`), every prompt file (`--prompt-data` and each
+fire (`faults.check_reachable`), a chat template where `--apply-chat-template` needs one
+(`check_chat_template`), every prompt file (`--prompt-data` and each
 `--eval-prompt-data NAME PATH`: readable, UTF-8 JSON lines or parquet, rows with the prompt and
 label keys), the reward (`--custom-rm-path` imports and is callable, else `--rm-type` is
 registered) and the monitoring flags (`monitor.check_monitoring`: wandb / tensorboard import when
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 from grpolab.checkers.faults import check_reachable, parse_fault_actions
 from grpolab.core.data import check_rows, prompt_file, read_rows_and_lines
 from grpolab.core.launch import check_on_this_machine
-from grpolab.core.model_files import check_model, max_position_embeddings, split_checkpoint
+from grpolab.core.model_files import check_model, has_chat_template, max_position_embeddings, split_checkpoint
 from grpolab.monitor.checks import check_profiling_start
 from grpolab.monitor.hub import check_monitoring
 
@@ -68,6 +69,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     check_response_length(config)
     if config.ci.ci_ft_test_actions is not None:
         check_reachable(parse_fault_actions(config.ci.ci_ft_test_actions), config.rollout.num_rollout)
+    check_chat_template(config)
     check_prompt_data(config)
     check_reward(config)
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
@@ -137,6 +139,24 @@ def check_response_length(config: Config) -> None:
             f"--rollout-max-response-len {length}: the response alone reaches the model's limit of {limit} "
             f"tokens for prompt + response (max_position_embeddings in {config.model.hf_checkpoint}"
             f"/config.json); use at most {limit - 1} minus the longest prompt's length"
+        )
+
+
+def check_chat_template(config: Config) -> None:
+    """With `--apply-chat-template` (the built-in prompt set's default), the model directory's tokenizer
+    has a chat template (`model_files.has_chat_template`; a .gguf carries its own and is not checked).
+
+    Raises:
+        ValueError: naming the flag, the checkpoint and how to turn the template off.
+    """
+    if not config.data.apply_chat_template:
+        return
+    directory, gguf = split_checkpoint(config.model.hf_checkpoint)
+    if gguf is None and not has_chat_template(directory):
+        raise ValueError(
+            f"--apply-chat-template: the tokenizer of --hf-checkpoint {config.model.hf_checkpoint} has no chat "
+            "template (no chat_template in tokenizer_config.json, no chat_template.jinja); add one, or pass "
+            "--no-apply-chat-template to feed the prompts as they are"
         )
 
 

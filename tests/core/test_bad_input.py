@@ -12,10 +12,11 @@ import pytest
 import torch
 from runs import SMALL, events, run
 
-from grpolab.cli import main
+from grpolab.cli import build_parser, config_from_args, main
 from grpolab.core import checkpoint
 from grpolab.core.data import PromptDataset
 from grpolab.core.modeling import load_tokenizer, model_fingerprint
+from grpolab.core.preflight import check_chat_template
 
 
 def test_model_fingerprint_ignores_where_the_model_lives(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -337,3 +338,27 @@ def test_the_default_run_dir_folder_is_checked_too(tmp_path: Path, monkeypatch, 
         info.value.code == 2
         and "--run-dir (default) runs is a file; expected a directory" in capsys.readouterr().err
     )
+
+
+def test_a_model_without_a_chat_template_is_named_before_any_run_dir(
+    tiny_model_dir: Path, tmp_path: Path, capsys
+) -> None:
+    bare = tmp_path / "no-template"
+    shutil.copytree(tiny_model_dir, bare)
+    (bare / "chat_template.jinja").unlink()
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(
+            ["train", "--hf-checkpoint", str(bare), "--run-dir", str(run_dir)]
+        )  # the built-in set: template on
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err
+    assert f"--apply-chat-template: the tokenizer of --hf-checkpoint {bare} has no chat template" in err
+    assert "--no-apply-chat-template" in err and not run_dir.exists()
+    # a template in tokenizer_config.json counts, as it does for transformers
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    template = (tiny_model_dir / "chat_template.jinja").read_text()
+    (bare / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    assert load_tokenizer(bare).chat_template == template
+    check_chat_template(config_from_args(build_parser().parse_args(["train", "--hf-checkpoint", str(bare)])))
+    run(tmp_path, "templated", "--hf-checkpoint", str(bare), "--num-rollout", "1")
