@@ -77,6 +77,7 @@ class Actor:
         self._pair_weight = shared_prefix.planned_pair_weight(self.model, train_forward, checkpoint)
         self.shared_prefix = self._pair_weight is not None
         """Whether micro-batches whose samples share a prompt run packed (`shared_prefix`), where it pays."""
+        self.forwards = {"padded": 0, "packed": 0}  # micro-batch forwards run so far, by layout
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if with_reference else None
         if self.dist.distributed:
             shard_model(
@@ -130,9 +131,8 @@ class Actor:
 
         Only the last K positions get logits (`logits_to_keep`, as TRL does), K = L − (earliest
         response start) + 1, so the vocabulary-sized work skips the prompts; other positions hold 0.
-        With `self.shared_prefix`, samples sharing a prompt run packed, one row per prompt
-        (`shared_prefix.pack_shared_prefix`), and their logits are placed back in this layout; there
-        the logits rows no log-prob or entropy reads are 0. Entropy needs no graph unless
+        With `self.shared_prefix`, samples sharing a prompt run packed, one row per prompt, logits put back
+        in this layout (`shared_prefix`; rows nothing reads are 0). Entropy needs no graph unless
         `--entropy-coef` trains on it.
         """
         B, L = mb.input_ids_BL.shape
@@ -141,6 +141,7 @@ class Actor:
         packed = None
         if self.shared_prefix:
             packed = shared_prefix.pack_shared_prefix(mb, K, self.pad_id, pair_weight=self._pair_weight)
+        self.forwards["padded" if packed is None else "packed"] += 1
         ids, mask, positions, keep = (
             (mb.input_ids_BL, mb.attention_mask_BL, mb.position_ids_BL, K)
             if packed is None

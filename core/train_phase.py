@@ -112,6 +112,9 @@ class TrainPhase:
         self.reference = reference_needed(cfg)
         self.reason = "no trainer" if actor is None else separate_forward_reason(cfg, actor.model)
         self.from_training_forward = False  # set once the first trained rollout verified it
+        self.packing_reported = (
+            False  # the shared-prefix forward's counts are said after the first trained rollout
+        )
         if actor is not None:
             ref = "computed" if self.reference else "skipped (nothing reads them)"
             old = (
@@ -148,6 +151,8 @@ class TrainPhase:
             steps = self._train(rollout_id, samples, old.log_probs, ref, forward if verify else None)
             if verify:
                 self._verify(rollout_id, old, forward)
+        if self.actor.shared_prefix and not self.packing_reported:
+            self._report_packing(rollout_id)
         for step_in_rollout, step_metrics in enumerate(steps):
             self.reporter.emit("step", int(step_metrics["train/step"]), step_metrics, rollout_id=rollout_id)
             self.harness.after_step(rollout_id, step_in_rollout, step_metrics)
@@ -196,6 +201,19 @@ class TrainPhase:
                 after_step=self.harness.step_hasher(self.actor, world_size=self.dist.world_size),
                 forward=forward,
             )
+
+    def _report_packing(self, rollout_id: int) -> None:
+        """Say (console and a `train_forward` event) how many micro-batch forwards of the first trained
+        rollout ran packed, summed over ranks (a collective): the start line names the mode, this what
+        it did (none packed: no prompt repeats in a micro-batch, or packing would not pay)."""
+        assert self.actor is not None
+        counts = all_reduce_sum({k: float(v) for k, v in self.actor.forwards.items()}, self.dist)
+        packed, total = int(counts["packed"]), int(counts["packed"] + counts["padded"])
+        log.info(
+            f"the trainer's forward: {packed} of {total} micro-batch forwards packed by prompt at rollout {rollout_id}"
+        )
+        self.run_dir.event("train_forward", rollout_id=rollout_id, packed=packed, forwards=total)
+        self.packing_reported = True
 
     def _verify(self, rollout_id: int, old: LogProbs, forward: LogProbs) -> None:
         """Switch to the training forward's log-probs when they equal the separate forward's on every

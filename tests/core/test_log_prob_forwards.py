@@ -165,6 +165,9 @@ def test_default_run_metrics_equal_the_separate_forward_run(
     every rollout and step metric equals a run forced to the separate forward, bitwise."""
     fused = train_short(tmp_path / "fused", "--num-rollout", "3")
     assert [e["source"] for e in events(fused, "old_log_probs")] == ["training_forward"]
+    # rollout 0's separate forward and training forward, each one micro-batch of 2 prompts x 2 answers, packed
+    packing = [(e["rollout_id"], e["packed"], e["forwards"]) for e in events(fused, "train_forward")]
+    assert packing == [(0, 2, 2)]
     assert ["perf/log_probs_time" in m for m in metrics(fused, "perf")] == [True, False, False]
     monkeypatch.setattr(train_phase, "separate_forward_reason", lambda *_, **__: "forced by the test")
     separate = train_short(tmp_path / "separate", "--num-rollout", "3")
