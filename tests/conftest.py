@@ -39,7 +39,9 @@ def gpt2_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import transformers
 
     out = tmp_path_factory.mktemp("gpt2") / "gpt2"
-    cfg = transformers.GPT2Config(vocab_size=256, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    cfg = transformers.GPT2Config(
+        vocab_size=256, n_embd=32, n_layer=1, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=2
+    )
     transformers.GPT2LMHeadModel(cfg).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(TINY_MODEL / name, out)

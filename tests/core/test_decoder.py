@@ -174,7 +174,10 @@ def test_bfloat16_runs_close_to_transformers(ckpts: tuple[Path, Path]) -> None:
 
 
 def test_unsupported_models_decode_with_transformers(tmp_path: Path) -> None:
-    cfg = transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    # bos/eos inside the vocabulary (GPT-2's default 50256 is refused by the model check)
+    cfg = transformers.GPT2Config(
+        vocab_size=V, n_embd=32, n_layer=1, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=2
+    )
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
     assert "model_type 'gpt2'" in str(unsupported_reason(transformers.GPT2LMHeadModel(cfg)))
     eng = TorchEngine(tmp_path, show_progress=False)
