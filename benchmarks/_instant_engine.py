@@ -36,11 +36,13 @@ ANSWER = json.dumps(
 
 
 async def generate(request: Request) -> Response:
+    """POST /generate: read the body, answer the canned 14-token SGLang answer."""
     await request.body()
     return Response(ANSWER, media_type="application/json")
 
 
 async def anything(request: Request) -> Response:
+    """Any other path: 200 {"status": "ok"} (the router's registration and health checks)."""
     return JSONResponse({"status": "ok"})
 
 

@@ -238,7 +238,9 @@ def bench_dead_engine(tmp: Path) -> tuple[float, int, str]:
 def bench_floor(reps: int) -> tuple[float, float]:
     """The HTTP path's floor: median ms of the default run's 64 `/generate` calls (rollout 0's bodies, sent
     together through `http_pool` as the HTTP engine sends them) to `_instant_engine.py`, an engine that
-    answers at once, (through the real router, direct), `reps` bursts each, alternated, the first 3 dropped."""
+    answers at once, (through the real router, direct), `reps` (> 3) bursts each, alternated, the first 3
+    dropped. Exits naming the router or engine when they do not come up within 60 s."""
+    assert reps > 3, "bench_floor drops the first 3 bursts"
     from grpolab.core.engine.fleet import ROUTER_MODULE, free_port
     from grpolab.core.engine.http_calls import call_json
     from grpolab.core.engine.http_pool import KeepAlivePool
@@ -271,6 +273,10 @@ def bench_floor(reps: int) -> tuple[float, float]:
         while not any(
             w.get("is_healthy") for w in call_json("GET", router_url + "/workers", None, timeout=5)["workers"]
         ):
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"the router at {router_url} did not list {engine_url} as healthy within 60 s"
+                )
             time.sleep(0.2)
         requests, params = default_requests(0)
         bodies = [generate_body(r, params, rid=f"floor-{i}") for i, r in enumerate(requests)]

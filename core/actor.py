@@ -24,6 +24,7 @@ from grpolab.core.batch import MicroBatch, Sample, collate, split
 from grpolab.core.config import AlgorithmConfig, OptimizerConfig
 from grpolab.core.dist import DistContext, all_reduce_sum, full_tensor, shard_model
 from grpolab.core.loss_terms import token_terms
+from grpolab.core.model_files import padding_id
 from grpolab.core.modeling import load_causal_lm
 
 
@@ -74,8 +75,8 @@ class Actor:
         self.device = torch.device(device)
         self.dist = dist_ctx or DistContext()
         self.model = load_causal_lm(checkpoint, dtype=dtype, device=self.device)
-        self._pair_weight = shared_prefix.planned_pair_weight(self.model, train_forward, checkpoint)
-        self.shared_prefix = self._pair_weight is not None
+        self._packing = shared_prefix.planned_cost(self.model, train_forward, checkpoint)
+        self.shared_prefix = self._packing is not None
         """Whether micro-batches whose samples share a prompt run packed (`shared_prefix`), where it pays."""
         self.forwards = {"padded": 0, "packed": 0}  # micro-batch forwards run so far, by layout
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if with_reference else None
@@ -97,8 +98,7 @@ class Actor:
         self.padding_side = padding_side
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
-        pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-        self.pad_id = int(pad if not isinstance(pad, list) else pad[0]) if pad is not None else 0
+        self.pad_id = padding_id(config.to_dict())
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if build_optimizer:
@@ -140,7 +140,7 @@ class Actor:
         K = min(L, L - int(starts.min()) + 1)
         packed = None
         if self.shared_prefix:
-            packed = shared_prefix.pack_shared_prefix(mb, K, self.pad_id, pair_weight=self._pair_weight)
+            packed = shared_prefix.pack_shared_prefix(mb, K, self.pad_id, cost=self._packing)
         self.forwards["padded" if packed is None else "packed"] += 1
         ids, mask, positions, keep = (
             (mb.input_ids_BL, mb.attention_mask_BL, mb.position_ids_BL, K)

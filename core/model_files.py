@@ -108,16 +108,11 @@ def has_tokenizer(directory: Path) -> bool:
     return any((directory / name).is_file() for name in (*TOKENIZER_FILES, "sentencepiece.bpe.model"))
 
 
-CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
-"""Files transformers reads a chat template from besides tokenizer_config.json's "chat_template"."""
-
-
 def has_chat_template(directory: Path) -> bool:
-    """Whether a tokenizer directory holds a chat template (CHAT_TEMPLATE_FILES, an
-    `additional_chat_templates` folder, or a non-empty "chat_template" in tokenizer_config.json)."""
-    if any((directory / name).is_file() for name in CHAT_TEMPLATE_FILES):
-        return True
-    if (directory / "additional_chat_templates").is_dir():
+    """Whether a tokenizer directory holds a default chat template where transformers' tokenizer reads
+    one: chat_template.jinja, or a non-empty "chat_template" in tokenizer_config.json (chat_template.json
+    is a processor's file, not read for a tokenizer)."""
+    if (directory / "chat_template.jinja").is_file():
         return True
     try:
         config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
@@ -170,9 +165,6 @@ def check_model(path: str | Path, *, tokenizer: bool = True, weights: bool = Tru
         problem = json_object_problem(directory / name)
         if problem:
             raise ValueError(f"--hf-checkpoint: {directory / name} {problem}")
-    problem = special_token_problem(json.loads((directory / "config.json").read_bytes().decode("utf-8")))
-    if problem:
-        raise ValueError(f"--hf-checkpoint: {directory / 'config.json'}: {problem}")
     for file in files:
         problem = weight_file_problem(file)
         if problem:
@@ -180,20 +172,31 @@ def check_model(path: str | Path, *, tokenizer: bool = True, weights: bool = Tru
     return directory, None
 
 
-def special_token_problem(config: dict) -> str | None:
-    """Why a config.json's `pad_token_id` / `eos_token_id` / `bos_token_id` (an int or a list of ints)
-    cannot index its `vocab_size` embedding rows, or None. The trainer pads with the pad id, else the
-    eos id, and an id past the embedding stops the first forward with an IndexError. Configs without
-    a top-level `vocab_size` (nested text configs) are not checked."""
+def padding_id(config: dict) -> int:
+    """The token id the trainer pads micro-batches with: config.json's `pad_token_id`, else its
+    `eos_token_id` (the first of a list), else 0 (what `actor.Actor` uses)."""
+    pad = config.get("pad_token_id")
+    pad = config.get("eos_token_id") if pad is None else pad
+    if isinstance(pad, list):
+        pad = pad[0] if pad else None
+    return int(pad) if isinstance(pad, int) and not isinstance(pad, bool) else 0
+
+
+def padding_id_problem(config: dict) -> str | None:
+    """Why `padding_id(config)` cannot index the model's `vocab_size` embedding rows, or None (no
+    top-level `vocab_size`: nested text configs are not checked). A pad id past the embedding ended
+    the first training forward with an IndexError (a GPT-2 eos, 50256, in a 1,024-token model)."""
     vocab = config.get("vocab_size")
     if not isinstance(vocab, int) or isinstance(vocab, bool):
         return None
-    for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
-        value = config.get(key)
-        for token in value if isinstance(value, list) else [value]:
-            if isinstance(token, int) and not isinstance(token, bool) and not 0 <= token < vocab:
-                return f"{key} {token} is outside the vocabulary (vocab_size {vocab}): token ids run 0..{vocab - 1}"
-    return None
+    pad = padding_id(config)
+    if 0 <= pad < vocab:
+        return None
+    source = "pad_token_id" if config.get("pad_token_id") is not None else "eos_token_id"
+    return (
+        f"the trainer pads with {source} {pad}, outside the vocabulary (vocab_size {vocab}: ids 0..{vocab - 1}); "
+        "set pad_token_id in config.json to a token id below vocab_size"
+    )
 
 
 def json_object_problem(path: Path) -> str | None:
@@ -211,9 +214,8 @@ def json_object_problem(path: Path) -> str | None:
     return None
 
 
-def max_position_embeddings(path: str | Path) -> int | None:
-    """The model's longest sequence in tokens (prompt + response), from config.json's
-    `max_position_embeddings` (or its `text_config`'s); None for a .gguf file or a config without one.
+def model_config(path: str | Path) -> dict | None:
+    """A model directory's config.json as a dict; None for a .gguf file (its config is inside it).
 
     Raises:
         FileNotFoundError / ValueError: as `check_model(path, tokenizer=False, weights=False)`.
@@ -221,7 +223,19 @@ def max_position_embeddings(path: str | Path) -> int | None:
     directory, gguf = check_model(path, tokenizer=False, weights=False)
     if gguf is not None:
         return None
-    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    return json.loads((directory / "config.json").read_text(encoding="utf-8"))
+
+
+def max_position_embeddings(path: str | Path) -> int | None:
+    """The model's longest sequence in tokens (prompt + response), from config.json's
+    `max_position_embeddings` (or its `text_config`'s); None for a .gguf file or a config without one.
+
+    Raises:
+        FileNotFoundError / ValueError: as `check_model(path, tokenizer=False, weights=False)`.
+    """
+    config = model_config(path)
+    if config is None:
+        return None
     value = config.get(
         "max_position_embeddings", (config.get("text_config") or {}).get("max_position_embeddings")
     )

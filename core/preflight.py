@@ -8,7 +8,8 @@ whole weights, `model_files.check_model`), that `--rollout-decode-path grpolab` 
 decoder runs (`decode_support.check_decode_path`), `--train-forward shared-prefix` one the packed
 forward runs (`check_train_forward`), `--rollout-max-response-len` against the model's
 `max_position_embeddings` (`check_response_length`), that every `--ci-ft-test-actions` item can
-fire (`faults.check_reachable`), a chat template where `--apply-chat-template` needs one
+fire (`faults.check_reachable`), the trainer's padding id inside the vocabulary
+(`check_padding_id`), a chat template where `--apply-chat-template` needs one
 (`check_chat_template`), every prompt file (`--prompt-data` and each
 `--eval-prompt-data NAME PATH`: readable, UTF-8 JSON lines or parquet, rows with the prompt and
 label keys), the reward (`--custom-rm-path` imports and is callable, else `--rm-type` is
@@ -34,7 +35,14 @@ from typing import TYPE_CHECKING
 from grpolab.checkers.faults import check_reachable, parse_fault_actions
 from grpolab.core.data import check_rows, prompt_file, read_rows_and_lines
 from grpolab.core.launch import check_on_this_machine
-from grpolab.core.model_files import check_model, has_chat_template, max_position_embeddings, split_checkpoint
+from grpolab.core.model_files import (
+    check_model,
+    has_chat_template,
+    max_position_embeddings,
+    model_config,
+    padding_id_problem,
+    split_checkpoint,
+)
 from grpolab.monitor.checks import check_profiling_start
 from grpolab.monitor.hub import check_monitoring
 
@@ -69,6 +77,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     check_response_length(config)
     if config.ci.ci_ft_test_actions is not None:
         check_reachable(parse_fault_actions(config.ci.ci_ft_test_actions), config.rollout.num_rollout)
+    check_padding_id(config)
     check_chat_template(config)
     check_prompt_data(config)
     check_reward(config)
@@ -140,6 +149,18 @@ def check_response_length(config: Config) -> None:
             f"tokens for prompt + response (max_position_embeddings in {config.model.hf_checkpoint}"
             f"/config.json); use at most {limit - 1} minus the longest prompt's length"
         )
+
+
+def check_padding_id(config: Config) -> None:
+    """The id the trainer pads with (`model_files.padding_id`) indexes the model's embedding.
+
+    Raises:
+        ValueError: naming --hf-checkpoint's config.json, the id and how to fix it.
+    """
+    model = model_config(config.model.hf_checkpoint)
+    problem = None if model is None else padding_id_problem(model)
+    if problem:
+        raise ValueError(f"--hf-checkpoint: {config.model.hf_checkpoint}/config.json: {problem}")
 
 
 def check_chat_template(config: Config) -> None:

@@ -42,22 +42,44 @@ def unsupported_reason(model: nn.Module) -> str | None:
     return unsupported_config_reason(model.config.to_dict())
 
 
-def tokens_per_attention_pair(config: object) -> float:
-    """How many query-key pairs of attention cost as much as one token through a layer's linear
-    projections, from a Llama-family config (FLOPs per layer, multiply-adds counted as 2):
-    a token's projections 2 (H (Hq + 2 Hk) D + Hq D H + 3 H I), a pair's q·k and p·v 4 Hq D.
-    Tiny fixture model: 768; SmolLM2-135M: 3,072. `pack_shared_prefix` weighs rows with it."""
-    H = int(config.hidden_size)
-    Hq = int(config.num_attention_heads)
+@dataclass(frozen=True)
+class PackingCost:
+    """A Llama-family model's work in units of one attention query-key pair of one layer (FLOPs with a
+    multiply-add counted as 2, the per-term count of Kaplan et al. 2020, "Scaling Laws for Neural
+    Language Models", Table 1): a pair's q·k and p·v cost 4 Hq D.
+
+    Attributes:
+        token: a token through one layer's projections, 2 (H (Hq + 2 Hk) D + Hq D H + 3 H I), in pairs
+            (tiny fixture model 768, SmolLM2-135M 3,072).
+        logit: one kept logits row (the lm_head, 2 H V, once for the Y layers), in pairs of one layer
+            (tiny 128, SmolLM2 819).
+    """
+
+    token: float
+    logit: float
+
+    def of(self, rows: int, length: int, kept: int) -> float:
+        """Cost of `rows` rows of `length` tokens whose masked attention computes every query-key pair
+        (SDPA's CPU kernel skips none) and whose last `kept` positions get logits."""
+        return rows * length * (self.token + length) + rows * kept * self.logit
+
+
+def packing_cost(config: object) -> PackingCost:
+    """`PackingCost` of a transformers Llama/Qwen2/Qwen3 config (hidden_size H, heads Hq / Hk, head_dim
+    D, intermediate_size I, vocab_size V, num_hidden_layers Y)."""
+    H, Hq = int(config.hidden_size), int(config.num_attention_heads)
     Hk = int(getattr(config, "num_key_value_heads", None) or Hq)
     D = int(getattr(config, "head_dim", None) or H // Hq)
-    intermediate = int(config.intermediate_size)
-    return 2 * (H * (Hq + 2 * Hk) * D + Hq * D * H + 3 * H * intermediate) / (4 * Hq * D)
+    pair = 4 * Hq * D
+    token = 2 * (H * (Hq + 2 * Hk) * D + Hq * D * H + 3 * H * int(config.intermediate_size)) / pair
+    return PackingCost(
+        token=token, logit=2 * H * int(config.vocab_size) / (pair * int(config.num_hidden_layers))
+    )
 
 
-def planned_pair_weight(model: nn.Module, train_forward: str, checkpoint: str) -> float | None:
-    """The `pair_weight` to pack `model`'s micro-batches with under `--train-forward train_forward`,
-    or None for the padded forward ("padded", or "auto" on a model `unsupported_reason` names).
+def planned_cost(model: nn.Module, train_forward: str, checkpoint: str) -> PackingCost | None:
+    """The `PackingCost` to pack `model`'s micro-batches with under `--train-forward train_forward`, or
+    None for the padded forward ("padded", or "auto" on a model `unsupported_reason` names).
 
     Raises:
         ValueError: "shared-prefix" for a model the packed forward does not run (naming `checkpoint`).
@@ -67,7 +89,7 @@ def planned_pair_weight(model: nn.Module, train_forward: str, checkpoint: str) -
         raise ValueError(f"--train-forward shared-prefix: {checkpoint}: {reason}")
     if train_forward == "padded" or reason is not None:
         return None
-    return tokens_per_attention_pair(model.config)
+    return packing_cost(model.config)
 
 
 @dataclass(kw_only=True)
@@ -79,44 +101,40 @@ class PackedBatch:
         position_ids_GT: int64 [G, T]; each answer's positions continue from its prompt's length.
         attention_mask_G1TT: bool [G, 1, T, T], True where query t may attend to key s.
         logits_to_keep: Kp; the model computes logits for the last Kp positions of each row.
-        src_row_N, src_col_N: int64 [N]: the packed row and kept column of each logits row the loss reads.
-        dst_row_N, dst_col_N: int64 [N]: where that logits row sits in the [B, K] layout.
+        source_BK: int64 [B * K]: for each cell of the micro-batch's [B, K] logits layout, its row in
+            the packed logits flattened to [G * Kp]; cells no loss term reads (prompt positions, a
+            sample's last token, padding) point at row 0.
     """
 
     input_ids_GT: torch.Tensor
     position_ids_GT: torch.Tensor
     attention_mask_G1TT: torch.Tensor
     logits_to_keep: int
-    src_row_N: torch.Tensor
-    src_col_N: torch.Tensor
-    dst_row_N: torch.Tensor
-    dst_col_N: torch.Tensor
+    source_BK: torch.Tensor
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """The model call's `input_ids`, `attention_mask`, `position_ids` and `logits_to_keep`."""
         return self.input_ids_GT, self.attention_mask_G1TT, self.position_ids_GT, self.logits_to_keep
 
     def unpack(self, logits_GKV: torch.Tensor, B: int, K: int) -> torch.Tensor:
-        """Packed logits [G, Kp, V] -> [B, K, V] in the micro-batch's layout (differentiable); the rows
-        no loss term reads (prompt positions, the last token, padding) are 0."""
-        out_BKV = logits_GKV.new_zeros((B, K, logits_GKV.shape[-1]))
-        return out_BKV.index_put((self.dst_row_N, self.dst_col_N), logits_GKV[self.src_row_N, self.src_col_N])
+        """Packed logits [G, Kp, V] -> [B, K, V] in the micro-batch's layout, one differentiable gather
+        (no zero-filled copy); the cells no loss term reads hold a copy of packed row 0 (finite)."""
+        V = logits_GKV.shape[-1]
+        return logits_GKV.reshape(-1, V).index_select(0, self.source_BK).view(B, K, V)
 
 
 def pack_shared_prefix(
-    mb: MicroBatch, K: int, pad_id: int, *, pair_weight: float | None = None
+    mb: MicroBatch, K: int, pad_id: int, *, cost: PackingCost | None = None
 ) -> PackedBatch | None:
-    """Pack `mb` one row per distinct prompt, or None when packing would not pay: no two samples
-    share a prompt (the padded forward then repeats no work), or, with `pair_weight` (see
-    `tokens_per_attention_pair`), the packed rows cost more: attention over a mask computes every
-    query-key pair of a row (SDPA's CPU kernel skips none), so a row of G answers of length R costs
-    (G R)² pairs against G R² padded, and packing is chosen only if G' T (w + T) < B L (w + L) for
-    G' packed rows of length T, B padded rows of length L and w = `pair_weight` (linear work per
-    token plus attention per token, in pairs). Long answers to short prompts are left padded.
+    """Pack `mb` one row per distinct prompt, or None when packing would not pay: no two samples share
+    a prompt (the padded forward then repeats no work), an empty prompt, or, with `cost`, packed rows
+    that cost more than the padded ones (`PackingCost.of` of G rows of length T keeping Kp logits
+    against B rows of length L keeping K): a row of n answers computes (n R)² attention pairs against n
+    R² padded, so long answers to short prompts stay padded.
 
     `K`: the logits the caller keeps per sample row (its last K positions of L), as for
-    `logits_to_keep`; every position a response token is scored from (a sample's last prompt
-    position up to its second-to-last token) must lie among them.
+    `logits_to_keep`; every position a response token is scored from (a sample's last prompt position
+    up to its second-to-last token) must lie among them. `pad_id`: the token id of packed rows' padding.
 
     Raises:
         ValueError: a scored position falls outside the last K (K too small).
@@ -124,59 +142,48 @@ def pack_shared_prefix(
     groups: dict[tuple[int, ...], list[int]] = {}
     for b, s in enumerate(mb.samples):
         groups.setdefault(tuple(s.prompt_ids), []).append(b)
-    if len(groups) == len(mb.samples):
+    if len(groups) == len(mb.samples) or any(len(prompt) == 0 for prompt in groups):
         return None
     B, L = mb.input_ids_BL.shape
+    lengths = [
+        len(p) + sum(len(mb.samples[b].response_ids) for b in members) for p, members in groups.items()
+    ]
+    G, T = len(groups), max(lengths)
+    keep = T - min(len(p) for p in groups) + 1  # from the shortest prompt's last position; <= T
+    if cost is not None and cost.of(G, T, keep) >= cost.of(B, L, K):
+        return None
     starts_B = mb.attention_mask_BL.argmax(dim=1).tolist()  # each row's first token (either padding side)
-    rows: list[list[int]] = []
-    segments: list[list[int]] = []  # 0 prompt, k >= 1 the group's k-th answer
-    positions: list[list[int]] = []
-    src: list[tuple[int, int]] = []  # (packed row, packed position) per scored logits row
-    dst: list[tuple[int, int]] = []  # (sample row, column in the last K)
+    ids_GT = torch.full((G, T), pad_id, dtype=torch.long)
+    pos_GT = torch.zeros((G, T), dtype=torch.long)
+    seg_GT = torch.full((G, T), -1, dtype=torch.long)  # 0 prompt, k >= 1 the group's k-th answer, -1 padding
+    source_BK = torch.zeros((B, K), dtype=torch.long)
     for g, (prompt, members) in enumerate(groups.items()):
-        P = len(prompt)
-        row, seg, pos = list(prompt), [0] * P, list(range(P))
+        P, end = len(prompt), len(prompt)
+        ids_GT[g, :P] = torch.tensor(prompt, dtype=torch.long)
+        pos_GT[g, :P] = torch.arange(P)
+        seg_GT[g, :P] = 0
         for k, b in enumerate(members, start=1):
             response = mb.samples[b].response_ids
-            offset = len(row)
-            row += response
-            seg += [k] * len(response)
-            pos += range(P, P + len(response))
-            for u in range(P - 1, P + len(response) - 1):  # local position u scores token u + 1
+            R, offset = len(response), end
+            end += R
+            ids_GT[g, offset:end] = torch.tensor(response, dtype=torch.long)
+            pos_GT[g, offset:end] = torch.arange(P, P + R)
+            seg_GT[g, offset:end] = k
+            for u in range(P - 1, P + R - 1):  # local position u scores token u + 1
                 column = starts_B[b] + u - (L - K)
                 if column < 0:
                     raise ValueError(f"pack_shared_prefix: K={K} misses a scored position of sample row {b}")
-                src.append((g, u if u < P else offset + u - P))
-                dst.append((b, column))
-        rows.append(row)
-        segments.append(seg)
-        positions.append(pos)
-    G, T = len(rows), max(len(r) for r in rows)
-    if pair_weight is not None and G * T * (pair_weight + T) >= B * L * (pair_weight + L):
-        return None
-    dev = mb.input_ids_BL.device
-    ids_GT = torch.full((G, T), pad_id, dtype=torch.long)
-    pos_GT = torch.zeros((G, T), dtype=torch.long)
-    seg_GT = torch.full((G, T), -1, dtype=torch.long)  # -1 padding
-    for g in range(G):
-        n = len(rows[g])
-        ids_GT[g, :n] = torch.tensor(rows[g], dtype=torch.long)
-        pos_GT[g, :n] = torch.tensor(positions[g], dtype=torch.long)
-        seg_GT[g, :n] = torch.tensor(segments[g], dtype=torch.long)
+                packed = u if u < P else offset + u - P
+                source_BK[b, column] = g * keep + packed - (T - keep)
     q_GT1, k_G1T = seg_GT[:, :, None], seg_GT[:, None, :]
     causal_TT = torch.ones((T, T), dtype=torch.bool).tril_()
     same = (k_G1T == 0) & (q_GT1 >= 0) | (k_G1T == q_GT1) & (q_GT1 > 0)
     mask_GTT = (causal_TT & same) | torch.eye(T, dtype=torch.bool)  # padding queries see themselves only
-    keep = T - min(len(p) for p in groups) + 1
-    src_t = torch.tensor(src, dtype=torch.long).reshape(-1, 2)
-    dst_t = torch.tensor(dst, dtype=torch.long).reshape(-1, 2)
+    dev = mb.input_ids_BL.device
     return PackedBatch(
         input_ids_GT=ids_GT.to(dev),
         position_ids_GT=pos_GT.to(dev),
         attention_mask_G1TT=mask_GTT[:, None].to(dev),
         logits_to_keep=keep,
-        src_row_N=src_t[:, 0].to(dev),
-        src_col_N=(src_t[:, 1] - (T - keep)).to(dev),
-        dst_row_N=dst_t[:, 0].to(dev),
-        dst_col_N=dst_t[:, 1].to(dev),
+        source_BK=source_BK.reshape(-1).to(dev),
     )

@@ -203,9 +203,10 @@ class TrainPhase:
             )
 
     def _report_packing(self, rollout_id: int) -> None:
-        """Say (console and a `train_forward` event) how many micro-batch forwards of the first trained
-        rollout ran packed, summed over ranks (a collective): the start line names the mode, this what
-        it did (none packed: no prompt repeats in a micro-batch, or packing would not pay)."""
+        """Say (console and a `train_forward` event) how many of the micro-batch forwards the trainer ran
+        up to the end of the first trained rollout (its old-log-prob, reference and training forwards)
+        ran packed, summed over ranks (a collective): the start line names the mode, this what it did
+        (none packed: no prompt repeats in a micro-batch, or packing would not pay)."""
         assert self.actor is not None
         counts = all_reduce_sum({k: float(v) for k, v in self.actor.forwards.items()}, self.dist)
         packed, total = int(counts["packed"]), int(counts["packed"] + counts["padded"])

@@ -168,6 +168,10 @@ class Config:
         kwargs = {}
         for name, component in sections().items():
             section = dict(data.get(name, {}))
+            if name == "model" and name in data and "train_forward" not in section:
+                section["train_forward"] = (
+                    "padded"  # written before --train-forward: those runs trained padded
+                )
             known = {g.name for g in dataclasses.fields(component)}
             unknown = set(section) - known
             require(not unknown, f"config section {name!r} has unknown fields {sorted(unknown)}")

@@ -2,8 +2,11 @@
 (`core/shared_prefix.py`) run, decided from the model's config alone.
 
 Torch-free, so that `grpolab train`'s preflight and `grpolab serve` refuse `--rollout-decode-path
-grpolab` / `--decode-path grpolab` for an unsupported model before anything heavy is imported or a
-run directory exists. `decoder.unsupported_reason` applies the same rules to a loaded model.
+grpolab` / `--decode-path grpolab` and `--train-forward shared-prefix` for an unsupported model before
+anything heavy is imported or a run directory exists. `decoder.unsupported_reason` and
+`shared_prefix.unsupported_reason` apply the same rules to a loaded model. The rules are the
+decoder's; the packed forward needs less (position ids, a 4D mask passed through, no sliding window)
+and borrows them as a conservative subset of the models it was tested on.
 """
 
 from __future__ import annotations

@@ -129,7 +129,8 @@ def incomplete_models(tiny_model_dir: Path, tmp: Path) -> dict[str, tuple[Path, 
         "eos_past_vocab": (
             eos_past_vocab,
             [
-                "config.json: eos_token_id 50256 is outside the vocabulary (vocab_size 1024): token ids run 0..1023"
+                "config.json: the trainer pads with eos_token_id 50256, outside the vocabulary (vocab_size 1024: "
+                "ids 0..1023); set pad_token_id in config.json to a token id below vocab_size"
             ],
         ),
     }

@@ -15,11 +15,11 @@ from engine_samples import engine_samples
 from grpolab.core import algorithms
 from grpolab.core.actor import Actor
 from grpolab.core.batch import MicroBatch, Sample, collate
-from grpolab.core.config import AlgorithmConfig, OptimizerConfig
+from grpolab.core.config import AlgorithmConfig, Config, OptimizerConfig
 from grpolab.core.engine.base import SamplingParams
 from grpolab.core.engine.decode_support import check_train_forward
 from grpolab.core.modeling import load_causal_lm
-from grpolab.core.shared_prefix import pack_shared_prefix, tokens_per_attention_pair, unsupported_reason
+from grpolab.core.shared_prefix import pack_shared_prefix, packing_cost, unsupported_reason
 
 QUESTIONS = [
     "Tom has 3 apples and buys 5 more. How many apples does Tom have now?",
@@ -81,7 +81,7 @@ def test_packed_log_probs_and_entropies_match_the_padded_forward(
 def _response_log_probs(model: torch.nn.Module, mb: MicroBatch, packed: bool, mask=None) -> torch.Tensor:
     """[B, L] float32 log-probs of `mb`'s tokens (0 off the responses), packed or padded."""
     B, L = mb.input_ids_BL.shape
-    K = L - int(mb.response_mask_BL.float().argmax(dim=1).min()) + 1
+    K = min(L, L - int(mb.response_mask_BL.float().argmax(dim=1).min()) + 1)  # as Actor._forward
     if packed:
         pk = pack_shared_prefix(mb, K, pad_id=0)
         assert pk is not None
@@ -206,17 +206,42 @@ def _synthetic(prompt_len: int, answer_len: int, answers: int) -> list[Sample]:
 
 
 def test_long_answers_to_a_short_prompt_stay_padded(tiny_model_dir: Path) -> None:
-    weight = tokens_per_attention_pair(load_causal_lm(tiny_model_dir).config)
-    assert weight == 768.0  # 2 (128·256 + 128·128 + 3·128·384) / (4·128) for the tiny model
-    # 8 answers of 200 tokens to a 5-token prompt: one 1,605-token row costs 1605·(768+1605) against
-    # 8·205·(768+205) padded: packing would do 2.4x the work
+    cost = packing_cost(load_causal_lm(tiny_model_dir).config)
+    # 2 (128·256 + 128·128 + 3·128·384) / (4·128) and 2·128·1024 / (4·128·4) for the tiny model
+    assert (cost.token, cost.logit) == (768.0, 128.0)
+    # 8 answers of 200 tokens to a 5-token prompt: one 1,605-token row against 8 padded rows of 205
     long = collate(_synthetic(5, 200, 8), pad_id=0)
     K = long.input_ids_BL.shape[1] - 5 + 1
-    assert pack_shared_prefix(long, K, pad_id=0) is not None  # without a weight: whenever prompts repeat
-    assert pack_shared_prefix(long, K, pad_id=0, pair_weight=weight) is None
+    assert pack_shared_prefix(long, K, pad_id=0) is not None  # without a cost: whenever prompts repeat
+    assert pack_shared_prefix(long, K, pad_id=0, cost=cost) is None
     # the default run's shape (37-token prompts, 8 answers of ~14) packs
     short = collate(_synthetic(37, 14, 8), pad_id=0)
-    assert pack_shared_prefix(short, 15, pad_id=0, pair_weight=weight) is not None
+    assert pack_shared_prefix(short, 15, pad_id=0, cost=cost) is not None
+    # an empty prompt is left to the padded forward
+    assert pack_shared_prefix(collate(_synthetic(0, 4, 4), pad_id=0), 5, pad_id=0) is None
+
+
+def test_empty_answers_and_a_prompt_repeated_across_groups_match_the_padded_forward(
+    tiny_model_dir: Path, samples: list[Sample]
+) -> None:
+    model = load_causal_lm(tiny_model_dir)
+    empty = Sample(
+        **{
+            **samples[1].__dict__,
+            "response_ids": [],
+            "rollout_log_probs": torch.zeros(0),
+            "loss_mask": torch.zeros(0),
+        }
+    )
+    again = Sample(
+        **{**samples[5].__dict__, "group_index": 7}
+    )  # another group, the same prompt as samples[4]
+    batch = [samples[0], empty, samples[2], samples[4], again, samples[8]]
+    for side in ("right", "left"):
+        mb = collate(batch, pad_id=0, padding_side=side)
+        with torch.no_grad():
+            packed, padded = _response_log_probs(model, mb, True), _response_log_probs(model, mb, False)
+        torch.testing.assert_close(packed, padded, rtol=0, atol=TOLERANCE)
 
 
 def test_an_attention_implementation_other_than_sdpa_is_refused_before_the_run(
@@ -234,3 +259,11 @@ def test_an_attention_implementation_other_than_sdpa_is_refused_before_the_run(
         unsupported_reason(packed)
         == "attention implementation 'eager' (needs sdpa, which takes a 4D boolean mask)"
     )
+
+
+def test_a_run_json_from_before_the_flag_reads_back_padded() -> None:
+    old = Config().to_dict()
+    del old["model"]["train_forward"]  # what run.json held before --train-forward
+    assert Config.from_dict(old).model.train_forward == "padded"  # how those runs trained
+    assert Config.from_dict(Config().to_dict()).model.train_forward == "auto"
+    assert Config.from_dict({}).model.train_forward == "auto"  # no model section: the defaults
