@@ -11,7 +11,6 @@ and borrows them as a conservative subset of the models it was tested on.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,38 +47,20 @@ def unsupported_config_reason(config: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _checkpoint_config(checkpoint: str, flag_value: str) -> Mapping[str, Any] | None:
-    """A model directory's config.json, or None for a `.gguf` checkpoint (its config is inside the
-    file: loading it checks).
-
-    Raises:
-        ValueError: naming `flag_value` and config.json when it is unreadable or not an object.
-    """
-    from grpolab.core.model_files import split_checkpoint
-
-    directory, gguf = split_checkpoint(checkpoint)
-    if gguf is not None:
-        return None
-    try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{flag_value}: cannot read {directory / 'config.json'}: {e}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{flag_value}: {directory / 'config.json'} is not a JSON object")
-    return config
-
-
 def check_decode_path(decode_path: str, checkpoint: str, flag: str) -> None:
     """Refuse decode path "grpolab" for a model directory whose config.json the decoder does not run.
 
     `flag` names the option in the message (`--rollout-decode-path`, `grpolab serve --decode-path`).
 
     Raises:
-        ValueError: naming `flag`, the checkpoint and the reason (also when config.json is unreadable).
+        ValueError: naming `flag`, the checkpoint and the reason; FileNotFoundError / ValueError naming
+            --hf-checkpoint when config.json is missing or unreadable (`model_files.model_config`).
     """
     if decode_path != "grpolab":
         return
-    config = _checkpoint_config(checkpoint, f"{flag} grpolab")
+    from grpolab.core.model_files import model_config
+
+    config = model_config(checkpoint)
     reason = None if config is None else unsupported_config_reason(config)
     if reason is not None:
         raise ValueError(
@@ -96,11 +77,14 @@ def check_train_forward(train_forward: str, checkpoint: str) -> None:
     checks the loaded model).
 
     Raises:
-        ValueError: naming the flag, the checkpoint and the reason (also when config.json is unreadable).
+        ValueError: naming the flag, the checkpoint and the reason; FileNotFoundError / ValueError naming
+            --hf-checkpoint when config.json is missing or unreadable (`model_files.model_config`).
     """
     if train_forward != "shared-prefix":
         return
-    config = _checkpoint_config(checkpoint, "--train-forward shared-prefix")
+    from grpolab.core.model_files import model_config
+
+    config = model_config(checkpoint)
     reason = None if config is None else unsupported_config_reason(config)
     attention = (
         None if config is None else config.get("attn_implementation", config.get("_attn_implementation"))
