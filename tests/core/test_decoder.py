@@ -11,13 +11,12 @@ weight updates between calls.
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from runs import cli_in_fresh_process
 
 from grpolab.core.engine.base import GenerationRequest, SamplingParams
 from grpolab.core.engine.decode_support import check_decode_path, unsupported_config_reason
@@ -233,16 +232,9 @@ def test_grpolab_path_for_an_unsupported_model_is_refused_before_the_run(
         check_decode_path("grpolab", str(gpt2_model_dir), "--rollout-decode-path")
     check_decode_path("auto", str(gpt2_model_dir), "--rollout-decode-path")  # auto falls back: no error
     run_dir = tmp_path / "run"
-    argv = [
-        "--hf-checkpoint",
-        str(gpt2_model_dir),
-        "--rollout-decode-path",
-        "grpolab",
-        "--run-dir",
-        str(run_dir),
-    ]
-    proc = subprocess.run([sys.executable, "-m", "grpolab", "train", *argv], capture_output=True, text=True)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    argv = ["train", "--hf-checkpoint", str(gpt2_model_dir), "--rollout-decode-path", "grpolab"]
+    code, _, proc = cli_in_fresh_process([*argv, "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert code == 2 and "Traceback" not in proc.stderr
     assert (
         "grpolab train: error: --rollout-decode-path grpolab: grpolab's decoder does not run "
         f"{gpt2_model_dir}: model_type 'gpt2' (the decoder implements llama, qwen2, qwen3)"

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from engine_samples import engine_samples
+from runs import cli_in_fresh_process
 
 from grpolab.core import algorithms
 from grpolab.core.actor import Actor
@@ -162,27 +161,16 @@ def test_shared_prefix_for_an_unsupported_model_is_refused_before_the_run(
         check_train_forward("shared-prefix", str(gpt2_model_dir))
     check_train_forward("auto", str(gpt2_model_dir))  # auto falls back to the padded forward
     run_dir = tmp_path / "run"
-    argv = [
-        "--hf-checkpoint",
-        str(gpt2_model_dir),
-        "--train-forward",
-        "shared-prefix",
-        "--run-dir",
-        str(run_dir),
-    ]
-    proc = subprocess.run([sys.executable, "-m", "grpolab", "train", *argv], capture_output=True, text=True)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    argv = ["train", "--hf-checkpoint", str(gpt2_model_dir), "--train-forward", "shared-prefix"]
+    code, _, proc = cli_in_fresh_process([*argv, "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert code == 2 and "Traceback" not in proc.stderr
     assert (
         f"grpolab train: error: --train-forward shared-prefix: the packed forward does not run {gpt2_model_dir}: "
         "model_type 'gpt2'"
     ) in proc.stderr
     assert not run_dir.exists()
-    bad = subprocess.run(
-        [sys.executable, "-m", "grpolab", "train", "--train-forward", "packed"],
-        capture_output=True,
-        text=True,
-    )
-    assert bad.returncode == 2
+    code, _, bad = cli_in_fresh_process(["train", "--train-forward", "packed"], cwd=tmp_path)
+    assert code == 2
     assert "--train-forward must be one of auto, shared-prefix, padded, got 'packed'" in bad.stderr
 
 
