@@ -112,9 +112,8 @@ class TrainPhase:
         self.reference = reference_needed(cfg)
         self.reason = "no trainer" if actor is None else separate_forward_reason(cfg, actor.model)
         self.from_training_forward = False  # set once the first trained rollout verified it
-        self.packing_reported = (
-            False  # the shared-prefix forward's counts are said after the first trained rollout
-        )
+        # the shared-prefix forward's counts are said once, after the first trained rollout
+        self.packing_reported = False
         if actor is not None:
             ref = "computed" if self.reference else "skipped (nothing reads them)"
             old = (

@@ -160,7 +160,8 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, dict[str, Any]]) -> Config:
-        """Inverse of `to_dict`, as strict as the flags (the hardware is not checked, see the module).
+        """Inverse of `to_dict`, as strict as the flags (the hardware is not checked, see the module); a
+        section lacking a field of `BEFORE_FIELD_EXISTED` gets that value, not the default.
 
         Raises:
             ValueError: an unknown section or field (named), or a value a section rejects.
@@ -168,10 +169,8 @@ class Config:
         kwargs = {}
         for name, component in sections().items():
             section = dict(data.get(name, {}))
-            if name == "model" and name in data and "train_forward" not in section:
-                section["train_forward"] = (
-                    "padded"  # written before --train-forward: those runs trained padded
-                )
+            if name in data:  # a section written before some of its fields existed
+                section = {**BEFORE_FIELD_EXISTED.get(name, {}), **section}
             known = {g.name for g in dataclasses.fields(component)}
             unknown = set(section) - known
             require(not unknown, f"config section {name!r} has unknown fields {sorted(unknown)}")
@@ -179,6 +178,11 @@ class Config:
         extra = set(data) - set(kwargs)
         require(not extra, f"config has unknown sections {sorted(extra)}")
         return cls(**kwargs)
+
+
+BEFORE_FIELD_EXISTED: dict[str, dict[str, Any]] = {"model": {"train_forward": "padded"}}
+"""Section → field → the value a run.json written before the field existed ran with, where that is not
+the field's default (`from_dict` fills it in): runs before `--train-forward` trained padded."""
 
 
 def sections() -> dict[str, type]:
