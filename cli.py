@@ -2,7 +2,7 @@
 
 `grpolab train [Miles-style flags]` runs GRPO and writes a run directory. Its flags are generated from
 the config dataclasses (`core/config/flags.py`) and use Miles names and meanings; a repeated flag keeps
-its last value (argparse semantics). `--nproc-per-node N` re-launches under torchrun (`core/launch.py`).
+its last value (argparse semantics). `--nproc-per-node N` re-launches under torchrun (`train/launch.py`).
 The other subcommands bring their own parsers: replay, ui, hash, gate, diagnose/watchdog, diff, bisect.
 """
 
@@ -14,7 +14,7 @@ import sys
 
 from grpolab.checkers.hash_command import add_hash_parser, run_hash_command
 from grpolab.core.config.flags import add_train_flags, config_from_args
-from grpolab.core.launch import add_launch_flags, launch_torchrun, peer_gone_message, planned_world_size
+from grpolab.train.launch import add_launch_flags, launch_torchrun, peer_gone_message, planned_world_size
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,9 +88,9 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
     Exit codes: 0 done, 1 a check failed or the run failed, 2 bad input (a flag, a file, a run
     directory; a bad flag value, input file, router address or router port exits through argparse with
-    the train usage, before torch is imported or a run directory made: core/preflight.py), 130 interrupted.
+    the train usage, before torch is imported or a run directory made: train/preflight.py), 130 interrupted.
     """
-    from grpolab.core.preflight import check_inputs
+    from grpolab.train.preflight import check_inputs
 
     try:
         config = config_from_args(args)
@@ -103,7 +103,7 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if os.environ.get("RANK", "0") == "0":  # one line per run, not per torchrun rank
         print("importing torch and transformers ...", flush=True)  # seconds before the run's first line
     from grpolab.checkers.errors import CheckFailure
-    from grpolab.core.loop import train
+    from grpolab.train.loop import train
 
     try:
         train(config, ["grpolab", *argv], checked=True)

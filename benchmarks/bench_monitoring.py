@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine  # noqa: E402
 
 from grpolab.cli import build_parser, config_from_args  # noqa: E402
-from grpolab.core.loop import GRPORun  # noqa: E402
 from grpolab.rundir.reader import read_metrics  # noqa: E402
+from grpolab.train.loop import GRPORun  # noqa: E402
 
 MONITORING = ["--use-wandb", "--wandb-mode", "offline", "--use-tensorboard"]
 

@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, median  # noqa: E402
 
 from grpolab.cli import build_parser, config_from_args  # noqa: E402
-from grpolab.core.loop import train  # noqa: E402
 from grpolab.core.metrics import PhaseTimer  # noqa: E402
 from grpolab.rundir.reader import read_metrics  # noqa: E402
+from grpolab.train.loop import train  # noqa: E402
 
 GOAL = 0.01
 CONFIGS = {

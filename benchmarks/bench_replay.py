@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from grpolab.cli import build_parser, config_from_args
-from grpolab.core.loop import train
 from grpolab.replay.recording import load_rollout, rollout_arrays, save_rollout
 from grpolab.rundir.reader import read_metrics
+from grpolab.train.loop import train
 
 
 def perf_records(run_dir: Path) -> list[dict[str, float]]:

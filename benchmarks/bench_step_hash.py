@@ -32,8 +32,8 @@ from _common import machine  # noqa: E402
 
 from grpolab.checkers import step_hash  # noqa: E402
 from grpolab.cli import build_parser, config_from_args  # noqa: E402
-from grpolab.core.loop import GRPORun  # noqa: E402
 from grpolab.rundir.reader import read_metrics  # noqa: E402
+from grpolab.train.loop import GRPORun  # noqa: E402
 
 
 class TimedSave:

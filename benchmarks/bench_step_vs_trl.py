@@ -61,10 +61,10 @@ from _common import GSM8K_TRAIN, SMOLLM2_INSTALL, machine, median, smollm2_gguf,
 
 from grpolab.cli import build_parser, config_from_args  # noqa: E402
 from grpolab.core.data import PromptDataset, rollout_prompt_indices  # noqa: E402
-from grpolab.core.loop import GRPORun  # noqa: E402
 from grpolab.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 from grpolab.core.rewards import math_reward  # noqa: E402
 from grpolab.rundir.reader import read_metrics  # noqa: E402
+from grpolab.train.loop import GRPORun  # noqa: E402
 
 GOAL = {"tiny": "0.6x, stretch 0.5x", "smollm2": "0.85x"}
 """The goal each model's ratio line names (issue 12's table; tiny's is its stretch goal, as printed before)."""

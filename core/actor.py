@@ -50,7 +50,7 @@ class Actor:
         temperature: `--rollout-temperature`, applied to trainer logits the same way the engine did.
         build_optimizer: False for `--debug-disable-optimizer` style runs (forward/backward only).
         with_reference: False builds no reference copy (saves one model of memory) for runs that
-            never read reference log-probs (core/train_phase.reference_needed).
+            never read reference log-probs (train/train_phase.reference_needed).
         padding_side: how micro-batches are padded (results do not depend on it).
         train_forward: `--train-forward`: "auto", "shared-prefix" or "padded" (core/shared_prefix.py).
         dist_ctx: multi-rank runs: the policy is FSDP2-sharded, each rank trains on its share of

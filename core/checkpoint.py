@@ -32,8 +32,8 @@ from grpolab.core.actor import Actor
 from grpolab.core.atomic import atomic_write_bytes
 from grpolab.core.data_identity import DataIdentity, identity_differences, unrecorded_fields
 from grpolab.core.dist import barrier
-from grpolab.core.launch import LATEST_FILE
 from grpolab.core.model_files import compare_model_fingerprints, config_only_warning
+from grpolab.core.save_dir import LATEST_FILE
 
 log = logging.getLogger("grpolab")
 TEMP_NAME = re.compile(r"^\.iter_\d+\.(?:(?P<pid>\d+)@(?P<host>.+)\.[0-9a-f]{8}|[A-Za-z0-9_]+)$")

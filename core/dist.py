@@ -2,7 +2,7 @@
 
 `torchrun --nproc-per-node N -m grpolab train ...` starts N ranks; each rank runs its own engine on
 its contiguous share of the rollout's prompts (data-parallel rollout; with engine servers rank 0 drives
-the fleet for every rank and broadcasts the rollout: central_rollout.py), the actor is sharded with
+the fleet for every rank and broadcasts the rollout: rollout/central.py), the actor is sharded with
 FSDP2 (`fully_shard` per decoder layer plus the root), and full weights are gathered for each
 rank's engine sync. Loss denominators are global counts and gradients are SUM-reduced (FSDP2's
 divide factor set to 1), so the world size does not change the objective. gloo on CPU, NCCL on

@@ -48,3 +48,7 @@ class Registry(Generic[_F]):
     def values(self) -> list[_F]:
         """The registered functions (or classes), in registration order."""
         return list(self._fns.values())
+
+    def items(self) -> list[tuple[str, _F]]:
+        """(name, function or class) pairs, in registration order."""
+        return list(self._fns.items())

@@ -1,7 +1,7 @@
 """The profiling flags checked against this machine and this run's world, torch-free (no torch import
 unless `--memory-recorder torch` asks whether CUDA is there).
 
-`grpolab train`'s preflight (core/preflight.py) calls `check_profiling_start` before any run directory is
+`grpolab train`'s preflight (train/preflight.py) calls `check_profiling_start` before any run directory is
 made: an error is exit 2 naming the flag. `RunProfiling.check` (monitor/profiler.py) logs the warnings
 of `profiling_warnings` once the run directory exists, so they are in console.log.
 """

@@ -2,7 +2,7 @@
 template) and the comparison a replay makes against the current run (`replay.replayer`).
 
 The model's fingerprint is `core.modeling.model_fingerprint`; the tokenizer's and the chat template's
-are here (`core/startup.py` stamps all three into every recording).
+are here (`train/startup.py` stamps all three into every recording).
 """
 
 from __future__ import annotations

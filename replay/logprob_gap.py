@@ -51,7 +51,7 @@ def reduce_gap(sums: np.ndarray, counts: np.ndarray, reduction: str) -> float:
 def step_windows(n_samples: int, global_batch_size: int, world_size: int) -> list[list[int]]:
     """Sample indices of each optimizer window of a rollout of `n_samples`, in step order.
 
-    Each of `world_size` ranks trains a contiguous share of the rollout (`RolloutProducer._rank_share`)
+    Each of `world_size` ranks trains a contiguous share of the rollout (`rollout.base.rank_share`)
     in windows of global_batch_size / world_size samples; window k is the k-th window of every share.
     [] when the sizes do not divide (e.g. a recording subsampled after the run).
     """

@@ -1,6 +1,6 @@
 """Samples as bytes for another process: the `.grz` recording format (recording.py), held in memory.
 
-Multi-rank runs whose engine fleet is driven by rank 0 alone (core/central_rollout.py) send each
+Multi-rank runs whose engine fleet is driven by rank 0 alone (rollout/central.py) send each
 rollout to the other ranks in these bytes: the same arrays and header a recording file holds, so
 every field a recording keeps survives exactly (token ids, float32 log-probs bit for bit, kept
 token sets, seeds, texts, metadata) and nothing is pickled. The header carries the rollout id and

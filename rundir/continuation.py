@@ -76,7 +76,7 @@ def new_run_refusal(path: Path) -> str | None:
     """Why a new run (one that does not `--load`) may not start in the run directory `path`, or None:
     it holds a run (run.json exists) that got past its first rollout. A directory whose every start
     failed before it is reused (`restart_failed_run`). Read by `RunDirectory.create` and by the checks
-    before a run (`core.preflight`), so a taken `--run-dir` is refused before torch loads."""
+    before a run (`train.preflight`), so a taken `--run-dir` is refused before torch loads."""
     if not (path / RUN_JSON).exists() or failed_before_first_rollout(path):
         return None
     return (

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from grpolab.cli import build_parser, config_from_args
-from grpolab.core.loop import train
+from grpolab.train.loop import train
 
 SMALL = [
     "--rollout-batch-size",

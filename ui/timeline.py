@@ -3,7 +3,7 @@
 - `phase_spans`: each rollout step's phases on the wall clock. The widths are the step's `perf N:`
   record (`perf/<phase>_time`, seconds, core/metrics.PhaseTimer); a step ends at its perf record's
   `time` and began `perf/step_time` seconds before. Inside a step the phases are laid end to end in
-  the loop's order (core/loop.GRPORun.step), which is the order they run in; the time no phase
+  the loop's order (train/loop.GRPORun.step), which is the order they run in; the time no phase
   covers is `other`. An eval runs before its step (outside `perf/step_time`) and is drawn just before.
 - `artifacts`: the run's profiler traces and memory snapshots (the `profiler_trace` and
   `memory_snapshot` events, plus files in RUN_DIR/profile, RUN_DIR/memory, --tensorboard-dir and

@@ -7,7 +7,7 @@ default of the run: `core/config/flags.py` generates the flags from these classe
 and what was expected; valid names come from the registries that use them (KL and advantage
 estimators in core/algorithms.py, dtypes in core/dtypes.py). No check depends on this machine's
 hardware, so `Config.from_dict` reads any run's run.json anywhere; `grpolab train` checks the device
-when it starts (core/launch.py). `Config.to_dict()` is what run.json stores as the resolved config.
+when it starts (train/launch.py). `Config.to_dict()` is what run.json stores as the resolved config.
 
 Sections: `generation` (model, data, rollout, reward, eval), `training` (algorithm, optimizer,
 colocate, checkpoint), `debugging` (debug, ci), `monitoring` (monitoring, profiling) and `RunConfig` below. Importing this package imports

@@ -50,7 +50,7 @@ class ModelConfig:
     device: str = "cpu"
     """cpu, cuda or cuda:N (`core.devices.check_device`); engine and trainer are colocated on it.
 
-    Whether this machine has the device is checked when `grpolab train` starts (core/launch.py), not
+    Whether this machine has the device is checked when `grpolab train` starts (train/launch.py), not
     here, so a GPU run's run.json reads back on any machine."""
 
     def __post_init__(self) -> None:

@@ -153,7 +153,7 @@ class ColocateConfig:
 class CheckpointConfig:
     """Checkpoints: where to save, how often, where to resume from.
 
-    Whether the --save/--load paths exist is checked at run start (`core.launch.check_on_this_machine`),
+    Whether the --save/--load paths exist is checked at run start (`train.launch.check_on_this_machine`),
     not here: a run.json must read back on a machine that lacks the run's directories.
     """
 

@@ -63,7 +63,7 @@ def sglang_engine(config: Config) -> RolloutEngine:
     """`HttpEngine` over `--rollout-num-engines` launched `grpolab serve` engines + sglang-router, or over
     the running fleet at `--sglang-router-ip:--sglang-router-port` (its engines must serve the model
     of `--hf-checkpoint`: compared by `/model_info`'s `model_fingerprint` where an engine reports one).
-    On a multi-rank run only rank 0 builds it and generates for every rank (core/central_rollout.py).
+    On a multi-rank run only rank 0 builds it and generates for every rank (rollout/central.py).
 
     Raises:
         ValueError: a taken `--sglang-router-port`, an unreachable router, a router without engines,
@@ -124,7 +124,7 @@ def router_url(host: str, port: int) -> str:
 def router_engine_urls(router: str) -> list[str]:
     """The engine URLs the sglang-router at `router` lists (`GET /workers`, `ROUTER_TIMEOUT_S` at most).
 
-    Called by `grpolab train`'s preflight (core/preflight.py: before any run directory or torch
+    Called by `grpolab train`'s preflight (train/preflight.py: before any run directory or torch
     import) and again when the engine is built (`running_fleet_engines`), since a fleet can go
     between the two; each message below is built here only. Imports no torch.
 

@@ -24,7 +24,7 @@ PEER_CONNECTION_ERROR = re.compile(
 """Messages of a collective that failed because a peer went away (gloo's tcp/pair.cc, NCCL's
 ncclRemoteError, c10d's TCPStore/DistNetworkError), seen in grpolab runs and the torch sources, and
 grpolab's own one-line form of them ("rank R stopped: another rank's process ended during a collective",
-core/launch.peer_gone_message)."""
+train/launch.peer_gone_message)."""
 
 
 def is_peer_connection_error(error: str) -> bool:

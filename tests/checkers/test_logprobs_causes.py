@@ -14,7 +14,7 @@ from grpolab.checkers.errors import CheckFailure
 from grpolab.checkers.logprobs import ENTROPY_RANGE, LogprobChecker, RunFacts, check_logprobs
 from grpolab.cli import build_parser, config_from_args, main
 from grpolab.core.config import CIConfig
-from grpolab.core.loop import GRPORun
+from grpolab.train.loop import GRPORun
 
 ARITHMETIC = Path(__file__).resolve().parents[2] / "fixtures" / "data" / "arithmetic_train.jsonl"
 SMOL_VOCAB = 49152  # SmolLM2's vocabulary: uniform noise is ln(49152) = 10.80 nats

@@ -104,7 +104,7 @@ def test_every_field_has_a_flag_with_help() -> None:
     assert by_flag["--lr"].help == "AdamW learning rate (default: 0.0002)."
     assert by_flag["--colocate"].help.endswith("(default: on).")
     assert by_flag["--eps-clip-high"].help == "Upper clip (default: --eps-clip, as in Miles)."
-    assert "core/launch.py" not in by_flag["--device"].help  # later docstring paragraphs are for the code
+    assert "train/launch.py" not in by_flag["--device"].help  # later docstring paragraphs are for the code
 
 
 def test_help_lists_every_flag_listed_before_with_the_same_kind() -> None:

@@ -22,8 +22,8 @@ import pytest
 
 from grpolab.cli import build_parser, config_from_args
 from grpolab.core.engine.base import GenerationRequest, GenerationResult, SamplingParams
-from grpolab.core.loop import GRPORun
 from grpolab.fixtures import smollm2_gguf
+from grpolab.train.loop import GRPORun
 
 pytestmark = pytest.mark.slow
 

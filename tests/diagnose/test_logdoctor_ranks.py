@@ -3,7 +3,7 @@
 One real 2-rank run (gloo on CPU) where rank 1 raises an injected fault at rollout 0. Rank 0 then either
 fails in its next collective with gloo's "Connection closed by peer" (recorded in ranks/0.json, status
 failed), or is stopped by torchrun's SIGTERM first (nothing recorded, status interrupted): which comes
-first is a race, the one tests/core/test_multirank.py accepts. Whichever it was, rank 1's fault must be
+first is a race, the one tests/train/test_multirank.py accepts. Whichever it was, rank 1's fault must be
 the doctor's verdict, in the run directory's ranks/*.json errors (root cause first) and in the terminal
 capture of the same run (every rank prints its own last line); events.jsonl's status may only be claimed
 when a run directory was read. The slow variant forces the second order (rank 0 asleep before its
@@ -33,7 +33,7 @@ from grpolab.rundir.reader import final_status_event
 FAULT = '[{"at_rollout": 0, "action": "raise_in_train", "rank": 1}]'
 INJECTED = "injected fault: raise_in_train on rank 1 at rollout 0 (--ci-ft-test-actions item 0)"
 STOPPED = "grpolab train: interrupted (signal 15)"
-"""Rank 0's last console.log line when torchrun's SIGTERM stops it (core/interrupts.py, core/run_end.py)."""
+"""Rank 0's last console.log line when torchrun's SIGTERM stops it (core/interrupts.py, train/run_end.py)."""
 STOP_RANK0_FIRST = """
 import os
 if os.environ.get("RANK") == "0" and "LOCAL_RANK" in os.environ:  # rank 0 of torchrun only

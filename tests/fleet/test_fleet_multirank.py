@@ -1,4 +1,4 @@
-"""Two trainer ranks, two `grpolab serve` engines, one real sglang-router (core/central_rollout.py).
+"""Two trainer ranks, two `grpolab serve` engines, one real sglang-router (rollout/central.py).
 
 Rank 0 alone drives the fleet and generates every rollout; the other rank receives it over the process
 group and trains on its share. Checked: against a running fleet (`--sglang-router-ip`, requests through
@@ -27,7 +27,7 @@ from grpolab.rundir.reader import read_events
 
 SMALL = ["--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--no-progress"]
 SAME_STEPS = ["--debug-deterministic-collective", "--micro-batch-size", "8"]
-"""1 rank (2 micro-batches) and 2 ranks (1 each) reach the same weights bit for bit (tests/core/test_multirank.py),
+"""1 rank (2 micro-batches) and 2 ranks (1 each) reach the same weights bit for bit (tests/train/test_multirank.py),
 so rollout 1 is generated with the same weights at both world sizes."""
 
 

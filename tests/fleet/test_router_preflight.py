@@ -22,7 +22,7 @@ from grpolab.cli import build_parser
 from grpolab.core.config.flags import config_from_args
 from grpolab.core.engine.factory import router_url, running_fleet_engines
 from grpolab.core.engine.fleet import Fleet, PortInUseError
-from grpolab.core.preflight import check_inputs, check_rollout_servers
+from grpolab.train.preflight import check_inputs, check_rollout_servers
 
 TRAIN_USAGE = "usage: grpolab train [--FLAG VALUE ...]"
 

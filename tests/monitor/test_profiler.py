@@ -39,7 +39,9 @@ def test_train_overall_traces_exactly_rollout_1(tmp_path: Path) -> None:
     # no reference (nothing reads it); the old log-probs come from the training forward from rollout 1
     for phase in ("rollout", "actor_train", "update_weights"):
         assert names.count(f"grpolab/{phase}") == 1, (phase, names)  # one rollout step's phases
-    assert "grpolab/reward" in names  # rewards are timed in two parts (core/rollout.py)
+    assert (
+        "grpolab/reward" in names
+    )  # rewards are timed in two parts (the rollout path scores, the loop assigns advantages)
     step = next(e for e in ranges if e["name"] == STEP_RANGE.format(1))
     for e in ranges:  # every phase lies inside rollout 1's iteration (µs timestamps)
         assert step["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"] + 1, e["name"]

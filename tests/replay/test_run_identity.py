@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from replay_helpers import build_samples
 
-from grpolab.core.rollout import planned_eval_ids, planned_rollout_ids
 from grpolab.replay.format import RecordingError, read_container, read_header, write_container
 from grpolab.replay.inject import frozen_recording_note
 from grpolab.replay.recording import load_rollout
 from grpolab.replay.replayer import RecordingMismatchError, RolloutRecorder, RolloutReplayer, RunIdentity
+from grpolab.rollout import planned_eval_ids, planned_rollout_ids
 
 FP = {"model_fingerprint": "m" * 64, "tokenizer_fingerprint": "t" * 64, "chat_template_hash": "c" * 64}
 IDENTITY = RunIdentity(fingerprints=FP, train_config={"rollout_temperature": 1.0})

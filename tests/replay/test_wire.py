@@ -1,4 +1,4 @@
-"""Samples over the process group (replay/wire.py, core/central_rollout.py): the `.grz` bytes rank 0 of a
+"""Samples over the process group (replay/wire.py, rollout/central.py): the `.grz` bytes rank 0 of a
 multi-rank server run broadcasts, checked field by field, and one real 2-process gloo broadcast."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from replay_helpers import build_samples
 
 from grpolab.cli import build_parser, config_from_args
 from grpolab.core.batch import Sample
-from grpolab.core.central_rollout import builds_engine, is_central, joins_engine_of_rank_zero
 from grpolab.core.dist import DistContext
 from grpolab.replay.format import RecordingError
 from grpolab.replay.wire import decode_samples, encode_samples
+from grpolab.rollout.central import builds_engine, is_central, joins_engine_of_rank_zero
 
 HERE = Path(__file__).resolve().parent
 
@@ -91,7 +91,7 @@ RANK_SCRIPT = textwrap.dedent(
     import sys
     sys.path.insert(0, {helpers!r})
     from replay_helpers import build_samples
-    from grpolab.core.central_rollout import broadcast_samples
+    from grpolab.rollout.central import broadcast_samples
     from grpolab.core.dist import init_distributed, shutdown
     from test_wire import same
 

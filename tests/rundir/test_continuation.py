@@ -1,6 +1,6 @@
 """A run directory continued by a `--load` start: the reader's records, the status rule, and when the
 writer may append (same run, nothing alive). Hand-written files; the real runs are in
-tests/core/test_checkpoint_resume.py."""
+tests/train/test_checkpoint_resume.py."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from grpolab.cli import build_parser, config_from_args
-from grpolab.core.loop import train
+from grpolab.train.loop import train
 
 LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 TINY_ARGS = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--num-rollout", "4"]

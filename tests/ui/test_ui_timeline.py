@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from grpolab.cli import build_parser, config_from_args
-from grpolab.core.loop import train
+from grpolab.train.loop import train
 from grpolab.ui import timeline
 from grpolab.ui.runstore import RunStore
 

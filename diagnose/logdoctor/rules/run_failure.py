@@ -1,7 +1,7 @@
 """Log-doctor rules for how a failed `grpolab train` ends: the error line its log ends with, and (for a
 run directory) every rank's recorded error, root cause first.
 
-A failed run's console.log ends with `grpolab train: error: <Type>: <message>` (core/loop.py writes it
+A failed run's console.log ends with `grpolab train: error: <Type>: <message>` (train/loop.py writes it
 before the run directory closes the log; the command prints the same error on stderr). A multi-rank
 run's root cause is the first error that is not a lost peer connection (common/rank_errors.py); the others
 are its consequences. An engine give-up line is engine_dead_timeout's or engine_gone's (logdoctor/rules/announcements.py,
@@ -46,7 +46,7 @@ _TRAIN_ERROR_PREFIX = "grpolab train: error: "
 _LAUNCHER_SUMMARY = re.compile(
     r"grpolab train: error: rank \d+ failed \((?:exit code -?\d+|killed by \w+)\).*its error is above"
 )
-"""The line the multi-rank launcher ends with (core/launch.py): it names the rank whose error is printed
+"""The line the multi-rank launcher ends with (train/launch.py): it names the rank whose error is printed
 above, so it is not an error of its own."""
 _TRAIN_ERROR = re.compile(
     r"grpolab train: error: (?:(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Fault|Failure|Exit)): )?"
@@ -68,7 +68,7 @@ class TrainFailed(Rule):
     id = "train_failed"
     severity = "error"
     needles = (b"grpolab train: error: ",)
-    source = "grpolab train (the error line a failed run ends with; core/loop.py)"
+    source = "grpolab train (the error line a failed run ends with; train/loop.py)"
 
     def __init__(self, log: LogRules) -> None:
         super().__init__(log)

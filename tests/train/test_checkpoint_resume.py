@@ -14,9 +14,9 @@ import pytest
 from runs import SHORT, events
 
 from grpolab.cli import main
-from grpolab.core.loop import GRPORun
 from grpolab.rundir import reader
 from grpolab.rundir.writer import RunDirectory
+from grpolab.train.loop import GRPORun
 
 
 class Crash(BaseException):

@@ -9,9 +9,10 @@ end of every step, after the checkpoint of that step is saved (and once before t
 
 Debug modes cut the loop in half (Miles debugging page): `--debug-rollout-only` builds no
 trainer, `--load-debug-rollout-data` builds no engine and trains on recordings,
-`--ci-inject-rollout-data-path` generates, compares with a recording and trains on the recording
-(rollout.py). `--ci-test` checkers run at their points (checkers/harness.py). What is built for a
-run, and how the run directory is opened, is startup.py.
+`--ci-inject-rollout-data-path` generates, compares with a recording and trains on the recording:
+each is a rollout path (rollout/), and the loop reads the same whichever runs. `--ci-test` checkers
+run at their points (checkers/harness.py). What is built for a run, and how the run directory is
+opened, is startup.py.
 """
 
 from __future__ import annotations
@@ -26,25 +27,25 @@ from grpolab.checkers.faults import FaultAction, FaultInjector, parse_fault_acti
 from grpolab.checkers.harness import CheckHarness
 from grpolab.core import checkpoint
 from grpolab.core.batch import Sample
-from grpolab.core.central_rollout import join_weight_sync, joins_engine_of_rank_zero
 from grpolab.core.config import Config
 from grpolab.core.dist import DistContext, all_gather_objects, shutdown
 from grpolab.core.engine.base import Stoppable, capability
 from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
 from grpolab.core.metrics import PhaseTimer, RunSummary
-from grpolab.core.preflight import check_inputs
-from grpolab.core.rollout import check_recordings, planned_rollout_ids
-from grpolab.core.run_end import close_engine, end_run_with_error
-from grpolab.core.startup import build_parts, open_run, resume
-from grpolab.core.step_report import StepReporter
-from grpolab.core.train_phase import TrainPhase
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
 from grpolab.monitor import open_monitor
 from grpolab.monitor.profiler import RunProfiling
 from grpolab.replay.paths import eval_rollout_id
+from grpolab.rollout import assign_advantages, check_recordings, planned_rollout_ids
+from grpolab.rollout.central import join_weight_sync, joins_engine_of_rank_zero
 from grpolab.rundir.writer import RunDirectory
+from grpolab.train.preflight import check_inputs
+from grpolab.train.run_end import close_engine, end_run_with_error
+from grpolab.train.startup import build_parts, open_run, resume
+from grpolab.train.step_report import StepReporter
+from grpolab.train.train_phase import TrainPhase
 
 log = logging.getLogger("grpolab")
 
@@ -85,8 +86,9 @@ class GRPORun:
         )
         # every rollout/sync/eval call goes through the engine's client (fails after --engine-failure-timeout)
         self.engine, self.actor, self.colocation = parts.engine, parts.actor, parts.colocation
-        self.producer, self.recorder = parts.producer, parts.recorder
-        self.joins_sync = joins_engine_of_rank_zero(config, self.dist)  # central_rollout.py
+        self.rollout_path, self.recorder = parts.rollout_path, parts.recorder
+        self.custom_reward = parts.custom_reward
+        self.joins_sync = joins_engine_of_rank_zero(config, self.dist)  # rollout/central.py
         self.profiling = RunProfiling(config, run_dir, self.dist.rank, self.actor)  # torch.profiler, memory
         # wandb / TensorBoard / --custom-rollout-log-function-path (rank 0); closed by run_dir.finish
         self.monitor = open_monitor(config, run_dir, primary=self.dist.is_primary)
@@ -136,7 +138,7 @@ class GRPORun:
     def _check_recordings(self) -> None:
         """Before the first rollout: recordings to read exist; recordings to write replace no other run's."""
         start, evals = self.state.next_rollout_id, self.engine is not None
-        for path in check_recordings(self.cfg, self.producer, self.recorder, start=start, evals=evals):
+        for path in check_recordings(self.cfg, self.rollout_path, self.recorder, start=start, evals=evals):
             log.info(f"warning: --overwrite-debug-rollout-data: this run will replace {path}")
             self.run_dir.event("recording_replaced", path=str(path))
 
@@ -213,8 +215,9 @@ class GRPORun:
         """One GRPO iteration, phase by phase (the table of contents of a step)."""
         start = time.perf_counter()
         samples = self._rollout(rollout_id)  # this rank's share
-        samples = self.producer.rewards(rollout_id, samples)
-        self.producer.advantages(samples)
+        samples = self.rollout_path.rewards(rollout_id, samples)  # the samples to train on, scored
+        with self.timer("reward"):
+            assign_advantages(self.cfg, samples)
         everyone = self._record(rollout_id, samples)  # the whole rollout, for metrics, checks and recordings
         line, steps = self.train_phase.run(rollout_id, samples, everyone)  # log-probs, rollout line, train
         self.profiling.after_train(rollout_id)  # --record-memory-history: the snapshot after rollout N-1
@@ -228,8 +231,8 @@ class GRPORun:
     def _rollout(self, rollout_id: int) -> list[Sample]:
         """This rank's samples, generated (or replayed); then the engine's memory goes to the trainer."""
         self.run_dir.heartbeat("rollout", rollout_id)
-        samples = self.producer.rollout(rollout_id)
-        if self.producer.replayer is None and self.state.engine_version is not None:  # generated, synced
+        samples = self.rollout_path.rollout(rollout_id)
+        if self.rollout_path.generates and self.state.engine_version is not None:  # generated, synced
             self.harness.after_generate(rollout_id, samples, self.state.engine_version, self._gather)
         self.colocation.after_rollout()
         return samples
@@ -299,7 +302,7 @@ class GRPORun:
                 n_samples=cfg.eval.n_samples_per_eval_prompt,
                 max_prompts=cfg.eval.eval_max_prompts,
                 rm_type=cfg.reward.rm_type,
-                custom_fn=self.producer.custom_reward,
+                custom_fn=self.custom_reward,
                 reward_key=cfg.reward.reward_key,
             )
         if self.recorder is not None:  # `eval_<id>` (Miles); evaluation runs on rank 0 only
@@ -365,7 +368,7 @@ def train(config: Config, argv: list[str] | None = None, *, checked: bool = Fals
 
     Raises:
         ValueError / FileNotFoundError: what the config names is not on this machine (`--device`,
-            `--load`, `--save`), bad input files (model, prompt data, reward; core/preflight.py) or bad
+            `--load`, `--save`), bad input files (model, prompt data, reward; train/preflight.py) or bad
             input found while starting (checkpoint, run directory); RuntimeError: the run failed;
             KeyboardInterrupt: SIGINT/SIGTERM (the run directory's last event says so).
     """

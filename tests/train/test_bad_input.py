@@ -16,7 +16,7 @@ from grpolab.cli import build_parser, config_from_args, main
 from grpolab.core import checkpoint
 from grpolab.core.data import PromptDataset
 from grpolab.core.modeling import load_tokenizer, model_fingerprint
-from grpolab.core.preflight import check_chat_template
+from grpolab.train.preflight import check_chat_template
 
 
 def test_model_fingerprint_ignores_where_the_model_lives(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ def test_flag_and_input_errors_come_before_heavy_imports_and_leave_no_run_dir(tm
 def test_the_library_entry_checks_inputs_before_the_run_dir(tmp_path: Path) -> None:
     from grpolab.core.config import Config, DataConfig
     from grpolab.core.config.generation import RewardConfig
-    from grpolab.core.loop import train
+    from grpolab.train.loop import train
 
     bad = [
         Config(data=DataConfig(prompt_data=str(tmp_path))),
@@ -203,7 +203,7 @@ def test_the_library_entry_checks_inputs_before_the_run_dir(tmp_path: Path) -> N
 
 
 def test_the_cli_checks_this_machine_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpolab.core import loop, preflight
+    from grpolab.train import loop, preflight
 
     calls = []
     monkeypatch.setattr(preflight, "check_on_this_machine", lambda config: calls.append(config))
@@ -240,7 +240,7 @@ def test_the_longest_prompt_plus_the_response_cap_must_fit_the_model(
     """F4: a prompt (counted with tokenizer.json, before the chat template) + the response cap past
     max_position_embeddings is refused naming the prompt's line; a prompt past it alone is named as such."""
     from grpolab.cli import build_parser, config_from_args
-    from grpolab.core.preflight import check_inputs
+    from grpolab.train.preflight import check_inputs
 
     path = tmp_path / "p.jsonl"  # "apple" x150 is 301 tokens in the tiny tokenizer (word + space pieces)
     path.write_text(

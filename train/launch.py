@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpolab.core.devices import check_device_present
+from grpolab.core.save_dir import LATEST_FILE
 
 if TYPE_CHECKING:
     from grpolab.core.config import Config
@@ -35,11 +36,6 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="run N ranks on this machine through torchrun (the same as `torchrun --nproc-per-node N -m grpolab train ...`)",
     )
-
-
-LATEST_FILE = "latest_checkpointed_iteration.txt"
-"""The file in a `--save` directory naming its newest checkpoint (written by `checkpoint.save_checkpoint`;
-here so that the checks before the run need not import the trainer)."""
 
 
 def check_on_this_machine(config: Config) -> None:
@@ -183,7 +179,7 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
     """The torchrun command line that runs `grpolab train` (argv[0] == "train") with `nproc` ranks.
 
     Every `--nproc-per-node` of `argv` is dropped (the ranks must not re-launch). It runs torchrun's
-    arguments through `torchrun_main` (`python -m grpolab.core.launch`), not `-m torch.distributed.run`.
+    arguments through `torchrun_main` (`python -m grpolab.train.launch`), not `-m torch.distributed.run`.
     """
     rest, skip = [], False
     for a in argv[1:]:  # argv[0] is "train"
@@ -197,7 +193,7 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "grpolab.core.launch",  # torchrun's own `run`, ending a failed world in one line (`torchrun_main`)
+        "grpolab.train.launch",  # torchrun's own `run`, ending a failed world in one line (`torchrun_main`)
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",

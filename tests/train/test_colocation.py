@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from grpolab.core.colocation import Colocation
 from grpolab.core.config import ColocateConfig
 from grpolab.core.metrics import PhaseTimer
+from grpolab.train.colocation import Colocation
 
 
 class Side:

@@ -1,4 +1,5 @@
-"""Multi-rank runs with one engine fleet: rank 0 drives the engines for every rank (as Miles does).
+"""The `central` rollout path: on a multi-rank run with one engine fleet, rank 0 drives the engines for
+every rank (as Miles does).
 
 With an engine kind in `CENTRAL_ENGINES` (the HTTP engine over servers behind a router) and more
 than one trainer rank, only rank 0 builds the engine: it launches or connects to the fleet,
@@ -9,6 +10,7 @@ the rollout to the other ranks as the bytes of a `.grz` recording (replay/wire.p
 every rank keeps its contiguous share, exactly as a replayed rollout is split. A rank > 0 holds no
 engine but joins every collective: the broadcast and the weight gathers of each sync
 (`join_weight_sync`). Rank 0 generates only after it synced, so no rollout sees stale weights.
+`builds_engine` and `joins_engine_of_rank_zero` tell the run's start-up and loop which rank does what.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.dist import DistContext
 from grpolab.replay.wire import decode_samples, encode_samples
+from grpolab.rollout.base import newest_weight_version, rank_share
+from grpolab.rollout.live import LivePath, generate, rollout_indices
 
 CENTRAL_ENGINES = frozenset({"sglang"})
 """`--rollout-engine` kinds that serve every trainer rank from rank 0 (one fleet behind one router)."""
@@ -115,3 +119,36 @@ def joins_engine_of_rank_zero(config: Config, ctx: DistContext) -> bool:
     """Whether this rank has no engine of its own but takes part in rank 0's syncs (a central run's rank > 0)."""
     central = is_central(config, ctx.world_size) and not config.debug.debug_train_only
     return central and ctx.rank != SOURCE_RANK
+
+
+class CentralPath(LivePath):
+    """Rank 0 generates the whole rollout through the fleet and every rank keeps its share (see the module)."""
+
+    name = "central"
+
+    @staticmethod
+    def chosen(config: Config, world_size: int) -> bool:
+        """A multi-rank run on an engine kind in `CENTRAL_ENGINES` (`is_central`)."""
+        return is_central(config, world_size)
+
+    def rollout(self, rollout_id: int) -> list[Sample]:
+        """This rank's share of rollout `rollout_id`: rank 0 generates it all (`perf/rollout_time`) and
+        broadcasts it (a collective every rank joins); the same samples, indices and groups as the
+        per-rank way."""
+        inputs, dist_ctx = self.inputs, self.inputs.dist
+        with inputs.timer("rollout"):
+            whole = None
+            if dist_ctx.is_primary:
+                assert inputs.engine is not None  # rank 0 builds the engine (`builds_engine`)
+                whole = generate(
+                    self.config,
+                    inputs.engine,
+                    inputs.dataset,
+                    inputs.sampling,
+                    rollout_id=rollout_id,
+                    indices=rollout_indices(self.config, inputs.dataset, rollout_id),
+                    first=0,
+                )
+            version = newest_weight_version(whole or [])
+            received = broadcast_samples(whole, dist_ctx, rollout_id=rollout_id, weight_version=version)
+            return rank_share(received, dist_ctx)

@@ -23,7 +23,7 @@ def test_step0_is_exactly_on_policy(two_rollouts: Path) -> None:
     assert step0["train/ppo_kl"] == 0.0
     assert step0["train/pg_clipfrac"] == 0.0
     rollout0 = records(two_rollouts, "rollout")[0]["metrics"]
-    assert "rollout/ref_log_probs" not in rollout0  # nothing reads the reference (core/train_phase.py)
+    assert "rollout/ref_log_probs" not in rollout0  # nothing reads the reference (train/train_phase.py)
     # the engine's incremental KV-cache log-probs and the trainer's full forward agree closely in fp32
     assert 0.0 <= step0["train/train_rollout_logprob_abs_diff"] < 1e-4
 

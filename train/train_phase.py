@@ -28,12 +28,12 @@ from grpolab.checkers.faults import FaultInjector
 from grpolab.checkers.harness import CheckHarness
 from grpolab.core.actor import Actor, LogProbs
 from grpolab.core.batch import Sample
-from grpolab.core.colocation import Colocation
 from grpolab.core.config import Config
 from grpolab.core.dist import DistContext, all_reduce_sum
 from grpolab.core.metrics import PhaseTimer, rollout_metrics
-from grpolab.core.step_report import StepReporter
 from grpolab.rundir.writer import RunDirectory
+from grpolab.train.colocation import Colocation
+from grpolab.train.step_report import StepReporter
 
 log = logging.getLogger("grpolab")
 
@@ -88,7 +88,7 @@ class TrainPhase:
 
     Args:
         cfg: the run's config; actor: the trainer (None under `--debug-rollout-only`).
-        harness / faults / reporter / timer / colocation / run_dir / dist: the run's parts (core/loop.py).
+        harness / faults / reporter / timer / colocation / run_dir / dist: the run's parts (train/loop.py).
         gather: concatenates every rank's list in rank order (a collective on multi-rank runs).
     """
 

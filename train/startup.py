@@ -3,8 +3,8 @@
 `open_run` joins the (torchrun) world, pins threads and seeds, and creates the run directory with
 run.json first (rank 0 names it, every rank uses that name). `build_parts` builds what a run
 holds from its config: datasets, the engine (engine/factory.py; none with `--debug-train-only`),
-the trainer (none with `--debug-rollout-only`), the rollout producer, the rollout recorder and
-the colocation schedule. `resume` restores what `--load` names (`checkpoint_to_resume` finds it). The loop
+the trainer (none with `--debug-rollout-only`), the rollout path (rollout/: the engine, a fleet,
+a recording or inject), the rollout recorder and the colocation schedule. `resume` restores what `--load` names (`checkpoint_to_resume` finds it). The loop
 (loop.py) runs the rest.
 """
 
@@ -21,8 +21,6 @@ import torch
 
 from grpolab.core import checkpoint
 from grpolab.core.actor import Actor
-from grpolab.core.central_rollout import builds_engine
-from grpolab.core.colocation import Colocation
 from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset
 from grpolab.core.data_identity import DataIdentity, data_identity
@@ -31,14 +29,16 @@ from grpolab.core.engine.base import RolloutEngine, SamplingParams
 from grpolab.core.engine.factory import build_engine
 from grpolab.core.metrics import PhaseTimer
 from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
-from grpolab.core.rollout import RolloutProducer
 from grpolab.core.seeding import seed_everything
 from grpolab.core.shared_prefix import unsupported_reason
-from grpolab.core.train_phase import reference_needed
 from grpolab.replay.fingerprints import chat_template_hash, tokenizer_fingerprint
 from grpolab.replay.replayer import RolloutRecorder, RunIdentity
+from grpolab.rollout import RolloutInputs, RolloutPath, build_rollout_path, load_reward
+from grpolab.rollout.central import builds_engine
 from grpolab.rundir.reader import read_run_meta
 from grpolab.rundir.writer import RunDirectory, setup_console_logging
+from grpolab.train.colocation import Colocation
+from grpolab.train.train_phase import reference_needed
 
 if TYPE_CHECKING:
     from grpolab.checkers.harness import CheckHarness
@@ -97,13 +97,14 @@ class RunParts:
     sampling: SamplingParams
     engine: RolloutEngine | None
     actor: Actor | None
-    producer: RolloutProducer
+    rollout_path: RolloutPath
+    custom_reward: Any | None
     recorder: RolloutRecorder | None
     colocation: Colocation
 
 
 def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer: PhaseTimer) -> RunParts:
-    """Build datasets, engine, trainer, producer, recorder and colocation from `config`.
+    """Build datasets, engine, trainer, rollout path, recorder and colocation from `config`.
 
     Raises:
         ValueError / FileNotFoundError: bad model, data or reward settings, naming the flag.
@@ -125,7 +126,7 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
     }
     for name, data in [("prompt data", dataset), *((f"eval data {n}", d) for n, d in eval_sets.items())]:
         log.info(f"{name}: {data.path} ({len(data)} rows)")
-    engine = _build_engine(cfg) if builds_engine(cfg, dist) else None  # central_rollout.py
+    engine = _build_engine(cfg) if builds_engine(cfg, dist) else None  # rollout/central.py
     actor = None if debug.debug_rollout_only else _build_actor(cfg, dist)
     rollout = cfg.rollout
     sampling = SamplingParams(
@@ -136,15 +137,19 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         stop_token_ids=stop_token_ids(cfg.model.hf_checkpoint, tokenizer),
     )
     identity = _run_identity(cfg, tokenizer, fingerprint)
-    producer = RolloutProducer(
-        cfg,
-        engine=engine,
-        dataset=dataset,
-        sampling=sampling,
-        identity=identity,
-        run_dir=run_dir,
-        timer=timer,
-        dist_ctx=dist,
+    custom_reward = load_reward(cfg)  # the --custom-rm-path function, or None for --rm-type
+    rollout_path = build_rollout_path(
+        RolloutInputs(
+            config=cfg,
+            engine=engine,
+            dataset=dataset,
+            sampling=sampling,
+            identity=identity,
+            run_dir=run_dir,
+            timer=timer,
+            dist=dist,
+            custom_reward=custom_reward,
+        )
     )
     recorder = None
     if debug.save_debug_rollout_data:
@@ -176,7 +181,8 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         sampling=sampling,
         engine=engine,
         actor=actor,
-        producer=producer,
+        rollout_path=rollout_path,
+        custom_reward=custom_reward,
         recorder=recorder,
         colocation=Colocation(cfg.colocate, engine=engine, actor=actor, timer=timer),
     )

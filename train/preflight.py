@@ -32,9 +32,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import grpolab.checkers.grad_norm  # noqa: F401  (registers its value checks, as faults and paths do)
+import grpolab.replay.paths  # noqa: F401  (config validation runs them: core/config/validation.py)
 from grpolab.checkers.faults import check_reachable, parse_fault_actions
 from grpolab.core.data import check_rows, prompt_file, read_rows_and_lines
-from grpolab.core.launch import check_on_this_machine
 from grpolab.core.model_files import (
     check_model,
     has_chat_template,
@@ -45,6 +46,7 @@ from grpolab.core.model_files import (
 )
 from grpolab.monitor.checks import check_profiling_start
 from grpolab.monitor.hub import check_monitoring
+from grpolab.train.launch import check_on_this_machine
 
 if TYPE_CHECKING:
     from grpolab.core.config import Config
@@ -109,7 +111,7 @@ def check_rollout_servers(config: Config) -> None:
     with `--rollout-num-engines`, sglang-router is installed and `--sglang-router-port` is free
     (`fleet.check_can_launch`). Nothing for the in-process engine.
 
-    Only rank 0 builds a server run's engine (core/central_rollout.py) and calls this: the port check
+    Only rank 0 builds a server run's engine (rollout/central.py) and calls this: the port check
     binds the port for an instant, so two ranks checking at once could each find it taken. The same
     functions check again when the engine is built (a fleet can go, a port be taken, in between), so
     each message has one source. Engines' model fingerprints are compared then, not here (that needs

@@ -1,4 +1,4 @@
-"""Which log-prob forwards a step runs (core/train_phase.py): the reference forward only when read,
+"""Which log-prob forwards a step runs (train/train_phase.py): the reference forward only when read,
 the old log-probs from the training forward when they are the same numbers."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 import torch
 from runs import events, metrics, train_short
 
-from grpolab.core import train_phase
 from grpolab.core.actor import Actor, LogProbs
 from grpolab.core.batch import Sample
 from grpolab.core.config import AlgorithmConfig, CIConfig, Config, OptimizerConfig, ProfilingConfig
-from grpolab.core.train_phase import reference_needed, same_log_probs, separate_forward_reason
+from grpolab.train import train_phase
+from grpolab.train.train_phase import reference_needed, same_log_probs, separate_forward_reason
 
 
 def _values(run_dir: Path) -> list[tuple[str, dict[str, float]]]:
