@@ -41,6 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from grpolab.core.config.validation import register_value_check
+
 FLAG = "--ci-ft-test-actions"
 NOTICE_PREFIX = "[grpolab fault] injecting "
 """How the line announcing a fault starts (the log doctor's `fault_injected` rule looks for it)."""
@@ -307,3 +309,6 @@ class FaultInjector:
         if action.action == "stop_engine_at_end":
             assert self._on_stop_engine is not None
             self._on_stop_engine()
+
+
+register_value_check(FLAG, lambda text, flag: parse_fault_actions(text))  # config validation's hook

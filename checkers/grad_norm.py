@@ -21,6 +21,7 @@ from pathlib import Path
 
 from grpolab.checkers.errors import CheckFailure
 from grpolab.core.atomic import atomic_write_json
+from grpolab.core.config.validation import register_value_check
 
 TEMPLATE_FIELDS = ("role", "rollout_id", "step_id")
 DEFAULT_RTOL = 0.03  # Miles: math.isclose(..., rel_tol=0.03, abs_tol=0.03)
@@ -155,3 +156,7 @@ def check_grad_norm(
             f"{expected!r} ({mode}); role {role}, |diff| {abs(value - expected):.3e}, file {path}",
         )
     return expected
+
+
+for _flag in ("--ci-save-grad-norm", "--ci-load-grad-norm"):  # the config checks each template it is given
+    register_value_check(_flag, lambda template, flag: validate_grad_norm_template(template, flag=flag))

@@ -11,6 +11,8 @@ import re
 import string
 from typing import Any
 
+from grpolab.core.config.validation import register_value_check
+
 SAVE_FLAG = "--save-debug-rollout-data"
 LOAD_FLAG = "--load-debug-rollout-data"
 INJECT_FLAG = "--ci-inject-rollout-data-path"
@@ -79,3 +81,7 @@ def check_template(template: str, *, flag: str) -> None:
         format_path(template, 0, flag=flag)
     except ValueError as e:
         raise ValueError(f"{flag}: {e}") from None
+
+
+for _flag in (SAVE_FLAG, LOAD_FLAG, INJECT_FLAG):  # the config checks each template it is given
+    register_value_check(_flag, lambda template, flag: check_template(template, flag=flag))

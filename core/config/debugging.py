@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grpolab.core.config.validation import require
+from grpolab.core.config.validation import require, run_value_checks
 
 MILES_ENTROPY_RANGE = (0.0, 0.7)
 """Miles' `--ci-test` range for rollout/entropy in nats (log_utils.py, reference/miles-debugging.md)."""
@@ -47,8 +47,6 @@ class DebugConfig:
     """Also write the run's events.jsonl into this directory."""
 
     def __post_init__(self) -> None:
-        from grpolab.replay.paths import check_template
-
         if self.load_debug_rollout_data is not None:
             self.debug_train_only = True
         require(
@@ -56,13 +54,7 @@ class DebugConfig:
             "--debug-rollout-only and --debug-train-only (or --load-debug-rollout-data) exclude each other: "
             "one generates without training, the other trains without generating",
         )
-        for flag, template in (
-            ("--save-debug-rollout-data", self.save_debug_rollout_data),
-            ("--load-debug-rollout-data", self.load_debug_rollout_data),
-            ("--ci-inject-rollout-data-path", self.ci_inject_rollout_data_path),
-        ):
-            if template is not None:
-                check_template(template, flag=flag)
+        run_value_checks(self)  # the recording path templates (replay/paths.py)
         if self.ci_inject_rollout_data_path is not None:
             require(
                 not self.debug_train_only,
@@ -174,15 +166,6 @@ class CIConfig:
             self.ci_metric_checker_expect_num is None or self.ci_metric_checker_key is not None,
             "--ci-metric-checker-expect-num needs --ci-metric-checker-key",
         )
-        from grpolab.checkers.grad_norm import validate_grad_norm_template
-
-        for flag, template in (
-            ("--ci-save-grad-norm", self.ci_save_grad_norm),
-            ("--ci-load-grad-norm", self.ci_load_grad_norm),
-        ):
-            if template is not None:
-                validate_grad_norm_template(template, flag=flag)
-        if self.ci_ft_test_actions is not None:
-            from grpolab.checkers.faults import parse_fault_actions
-
-            parse_fault_actions(self.ci_ft_test_actions)  # ValueError names the flag and the field
+        run_value_checks(
+            self
+        )  # grad-norm templates (checkers/grad_norm.py), the faults table (checkers/faults.py)

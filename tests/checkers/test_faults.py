@@ -252,3 +252,24 @@ def test_an_action_past_the_last_rollout_is_refused_at_start(tmp_path: Path, cap
     err = capsys.readouterr().err
     assert info.value.code == 2 and "--ci-ft-test-actions: item 0: field 'at_rollout' is 1" in err
     assert not run_dir.exists()
+
+
+def test_config_validation_parses_the_table_through_its_hook_in_a_fresh_process() -> None:
+    """The config imports no checker: the faults table is parsed by checkers/faults.py, which registers
+    its parser with the config's validation hook (core/config/validation.py). Before that module is
+    imported a section skips the check; once it is, a bad table fails the section, naming the flag."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from grpolab.core.config import CIConfig
+        assert "grpolab.checkers.faults" not in sys.modules
+        CIConfig(ci_ft_test_actions='[{"at_rollout": -1, "action": "raise_in_train"}]')  # no check yet
+        import grpolab.checkers.faults
+        try:
+            CIConfig(ci_ft_test_actions='[{"at_rollout": -1, "action": "raise_in_train"}]')
+        except ValueError as e:
+            print(e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("--ci-ft-test-actions: item 0: field 'at_rollout'"), out
