@@ -110,6 +110,28 @@ def grpo_advantages(rewards_B: Tensor, group_ids_B: Tensor, *, std_normalize: bo
     return torch.where(constant_B, 0.0, adv_B).to(torch.float32)
 
 
+def advantages_always_zero(estimator: str, group_size: int, *, std_normalize: bool) -> bool:
+    """Whether the advantage estimator `estimator` gives every sample an advantage of exactly 0 whatever
+    the rewards, for groups of `group_size` samples (`--n-samples-per-prompt`): then the policy-gradient
+    loss has no gradient and only a KL or entropy term can move the weights.
+
+    Probed, not assumed, so it holds for any registered estimator: two groups of `group_size` distinct
+    float64 rewards (0, 1, ..., n-1 and n-1, ..., 0 scaled by 2.5) go through the estimator, and the
+    answer is whether every advantage came back 0. For GRPO this is exactly `group_size == 1` (a sample
+    is its own group's mean).
+
+    Raises:
+        ValueError: an unknown `estimator` (lists the registered ones) or `group_size` < 1.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    fn = get_advantage_estimator(estimator)
+    ramp = torch.arange(group_size, dtype=torch.float64)
+    rewards_B = torch.cat([ramp, ramp.flip(0) * 2.5])
+    group_ids_B = torch.arange(2).repeat_interleave(group_size)
+    return bool((fn(rewards_B, group_ids_B, std_normalize=std_normalize) == 0).all())
+
+
 def grpo_advantages_reference(
     rewards_B: Tensor, group_ids_B: Tensor, *, std_normalize: bool = True
 ) -> Tensor:

@@ -11,7 +11,7 @@ import shlex
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -166,7 +166,8 @@ def _duration(seconds: float) -> str:
 
 class RunSummary:
     """What the end-of-run summary says: rollouts done by this process, wall time since the run
-    object was built (loading included), and the first and last `rollout/raw_reward` of them."""
+    object was built (loading included), the first and last `rollout/raw_reward` of them, and
+    whether any optimizer step had a non-zero `train/grad_norm` (`untrained_warning`)."""
 
     def __init__(self, clock: Any = time.perf_counter) -> None:
         self._clock = clock
@@ -174,14 +175,28 @@ class RunSummary:
         self.rollout_ids: list[int] = []
         self.first_reward: float | None = None
         self.last_reward: float | None = None
+        self.grad_norms: list[float] = []
 
-    def add(self, rollout_id: int, rollout: dict[str, float]) -> None:
-        """Count one finished rollout; `rollout` is its `rollout N:` metrics."""
+    def add(self, rollout_id: int, rollout: dict[str, float], steps: Sequence[dict[str, float]] = ()) -> None:
+        """Count one finished rollout; `rollout` is its `rollout N:` metrics, `steps` its `step N:` ones."""
         self.rollout_ids.append(rollout_id)
+        self.grad_norms += [s["train/grad_norm"] for s in steps if "train/grad_norm" in s]
         reward = rollout.get("rollout/raw_reward")
         if reward is not None:
             self.first_reward = reward if self.first_reward is None else self.first_reward
             self.last_reward = reward
+
+    def untrained_warning(self) -> str | None:
+        """The end-of-run warning when every optimizer step of this process had `train/grad_norm` 0
+        (the weights never moved), else None (also when no step ran: a rollout-only run)."""
+        if not self.grad_norms or any(g != 0 for g in self.grad_norms):
+            return None
+        n = len(self.grad_norms)
+        return (
+            f"train/grad_norm was 0 at every optimizer step ({n} step{'' if n == 1 else 's'}): the weights "
+            "never moved. A zero gradient means every advantage was 0 (groups of one sample, or every "
+            "group's rewards equal: see rollout/zero_std/*) and no KL or entropy term pulled"
+        )
 
     def lines(self, run_dir: str | Path, num_rollout: int) -> list[str]:
         """The summary, e.g. `done: 8 rollouts (0..7 of 8) in 5 min 34 s; reward 0.141 -> 0.484`,

@@ -192,6 +192,10 @@ class GRPORun:
             close_engine(self.engine)  # engine servers the run launched end with it, however it ends
             restore_sigterm(previous_handler)
         self.run_dir.heartbeat("finished", self.state.next_rollout_id)  # left normally (diagnose hang)
+        untrained = self.reporter.summary.untrained_warning()  # said again where the run ends
+        if untrained is not None:
+            log.warning(f"warning: {untrained}")
+            self.run_dir.event("warning", code="grad_norm_always_zero", message=untrained)
         for line in self.reporter.summary.lines(self.run_dir.path, cfg.rollout.num_rollout):
             log.info(line)
         self.run_dir.finish("finished", rollouts=self.state.next_rollout_id)

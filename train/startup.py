@@ -21,6 +21,7 @@ import torch
 
 from grpolab.core import checkpoint
 from grpolab.core.actor import Actor
+from grpolab.core.algorithms import advantages_always_zero
 from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset
 from grpolab.core.data_identity import DataIdentity, data_identity
@@ -114,6 +115,8 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
     fingerprint = model_fingerprint(cfg.model.hf_checkpoint)
     tokenizer = load_tokenizer(cfg.model.hf_checkpoint)
     template_unapplied = _warn_unapplied_template(cfg, tokenizer, run_dir)
+    if not debug.debug_rollout_only:
+        _warn_cannot_learn(cfg, run_dir)
     dataset_kw = {
         "input_key": cfg.data.input_key,
         "label_key": cfg.data.label_key,
@@ -203,6 +206,32 @@ def _warn_unapplied_template(cfg: Config, tokenizer: Any, run_dir: RunDirectory)
     log.warning(f"warning: {message}")
     run_dir.event("warning", code="chat_template_unapplied", message=message)
     return True
+
+
+def _warn_cannot_learn(cfg: Config, run_dir: RunDirectory) -> None:
+    """Warn (console and a `warning` event, code `advantages_always_zero`) when the advantage estimator
+    gives every sample an advantage of 0 whatever the rewards (`algorithms.advantages_always_zero`:
+    GRPO with groups of one sample), so the policy-gradient loss trains nothing."""
+    algo, n = cfg.algorithm, cfg.rollout.n_samples_per_prompt
+    std_normalize = not algo.disable_grpo_std_normalization
+    if not advantages_always_zero(algo.advantage_estimator, n, std_normalize=std_normalize):
+        return
+    others = [
+        term
+        for term, on in (
+            ("--use-kl-loss", algo.use_kl_loss and algo.kl_loss_coef != 0),
+            ("--entropy-coef", algo.entropy_coef != 0),
+        )
+        if on
+    ]
+    tail = f"only {' and '.join(others)} can move the weights" if others else "train/grad_norm will stay 0"
+    message = (
+        f"--n-samples-per-prompt {n}: the {algo.advantage_estimator} advantage estimator gives every sample "
+        f"an advantage of 0 with groups of {n} (a sample is its group's baseline), so the policy-gradient "
+        f"loss trains nothing and {tail}; use --n-samples-per-prompt 2 or more"
+    )
+    log.warning(f"warning: {message}")
+    run_dir.event("warning", code="advantages_always_zero", message=message)
 
 
 def _build_engine(cfg: Config) -> RolloutEngine:

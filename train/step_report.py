@@ -78,4 +78,4 @@ class StepReporter:
         )
         self.emit("perf", rollout_id, perf)
         log.info(summary_row(rollout_id, self.num_rollout, line, steps, perf))
-        self.summary.add(rollout_id, line)
+        self.summary.add(rollout_id, line, steps)

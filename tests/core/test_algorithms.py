@@ -356,3 +356,14 @@ def test_token_log_probs_keep_mask_renormalizes() -> None:
     assert torch.equal(all_kept, token_log_probs(logits, ids, temperature=0.7))
     with pytest.raises(ValueError, match="keep_mask"):
         token_log_probs(logits, ids, temperature=1.0, keep_mask_BLV=keep.float())
+
+
+def test_advantages_always_zero_is_probed_from_the_estimator() -> None:
+    from grpolab.core.algorithms import advantages_always_zero
+
+    assert advantages_always_zero("grpo", 1, std_normalize=True)
+    assert advantages_always_zero("grpo", 1, std_normalize=False)
+    assert not advantages_always_zero("grpo", 2, std_normalize=True)
+    assert not advantages_always_zero("grpo", 8, std_normalize=False)
+    with pytest.raises(ValueError, match="unknown advantage estimator 'rloo'"):
+        advantages_always_zero("rloo", 4, std_normalize=True)

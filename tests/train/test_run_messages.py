@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runs import SHORT
+from runs import SHORT, events, metrics, train_short
 
 from grpolab.core.metrics import RunSummary
 
@@ -74,6 +74,39 @@ def test_a_piped_run_says_what_it_loads_each_rollout_and_where_it_is(tmp_path: P
     assert console[:6] == expected_start and console[-3:] == lines[-3:]
     rank0 = json.loads((run_dir / "ranks" / "0.json").read_text())
     assert rank0["heartbeat"]["phase"] == "finished"
+
+
+def test_a_run_that_cannot_learn_says_so_at_the_start_and_the_end(tmp_path: Path) -> None:
+    """GRPO groups of one sample: every advantage 0, every grad norm 0. A `warning` event and console
+    line at the start (naming the flag) and again before the summary; a run with groups of four whose
+    steps have gradients says neither."""
+    run_dir = train_short(tmp_path / "ones", "--n-samples-per-prompt", "1")
+    codes = [e["code"] for e in events(run_dir, "warning")]
+    assert codes == ["advantages_always_zero", "grad_norm_always_zero"]
+    console = (run_dir / "console.log").read_text().splitlines()
+    start = next(i for i, line in enumerate(console) if "advantage of 0" in line)
+    assert console[start].startswith("warning: --n-samples-per-prompt 1: the grpo advantage estimator")
+    assert start < next(i for i, line in enumerate(console) if line.startswith("[1/2]"))
+    assert console[-4] == (
+        "warning: train/grad_norm was 0 at every optimizer step (2 steps): the weights never moved. A zero "
+        "gradient means every advantage was 0 (groups of one sample, or every group's rewards equal: see "
+        "rollout/zero_std/*) and no KL or entropy term pulled"
+    )
+    assert console[-3].startswith("done: 2 rollouts")
+    learns = train_short(
+        tmp_path / "fours", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "24"
+    )
+    assert any(m["train/grad_norm"] > 0 for m in metrics(learns, "step"))
+    assert events(learns, "warning") == []
+
+
+def test_the_untrained_warning_needs_every_step_at_zero() -> None:
+    summary = RunSummary(clock=lambda: 0.0)
+    assert summary.untrained_warning() is None  # no step ran (a rollout-only run)
+    summary.add(0, {}, [{"train/grad_norm": 0.0}])
+    assert summary.untrained_warning() is not None
+    summary.add(1, {}, [{"train/grad_norm": 0.0}, {"train/grad_norm": 1e-9}])
+    assert summary.untrained_warning() is None
 
 
 def _records(run_dir: Path, kind: str) -> list[str]:
