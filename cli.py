@@ -88,7 +88,8 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
     Exit codes: 0 done, 1 a check failed or the run failed, 2 bad input (a flag, a file, a run
     directory; a bad flag value, input file, router address or router port exits through argparse with
-    the train usage, before torch is imported or a run directory made: train/preflight.py), 130 interrupted.
+    the train usage, before torch is imported or a run directory made: train/preflight.py), 128 + the
+    signal's number when a signal ended it (130 Ctrl+C, 143 SIGTERM).
     """
     from grpolab.train.preflight import check_inputs
 
@@ -103,6 +104,7 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if os.environ.get("RANK", "0") == "0":  # one line per run, not per torchrun rank
         print("importing torch and transformers ...", flush=True)  # seconds before the run's first line
     from grpolab.checkers.errors import CheckFailure
+    from grpolab.core.interrupts import hold_interrupts, interrupt_exit_code, restore_handlers
     from grpolab.train.loop import train
 
     try:
@@ -116,9 +118,13 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
     except RuntimeError as e:
         print(f"grpolab train: error: {peer_gone_message(e) or e}", file=sys.stderr)
         return 1  # the run failed: the engine, a fault, a non-finite loss, a weight sync
-    except KeyboardInterrupt:
-        print("grpolab train: interrupted; the run directory's last event says so", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        held = hold_interrupts()  # torchrun signals its ranks again as it stops them: no second traceback
+        if os.environ.get("RANK", "0") == "0":  # one line per run, not per torchrun rank
+            print("grpolab train: interrupted; the run directory's last event says so", file=sys.stderr)
+        if "LOCAL_RANK" not in os.environ:  # a torchrun rank ends here; a library caller keeps its handlers
+            restore_handlers(held)
+        return interrupt_exit_code(e)  # 130 for Ctrl+C, 143 for SIGTERM
     return 0
 
 

@@ -211,7 +211,10 @@ def launch_torchrun(nproc: int, argv: list[str]) -> int:
     if nproc < 1:
         print(f"grpolab train: error: --nproc-per-node must be >= 1, got {nproc}", file=sys.stderr)
         return 2
-    return run_forwarding_signals(torchrun_command(nproc, argv))
+    # what torchrun gives its ranks when OMP_NUM_THREADS is unset, set here so that it does not print
+    # its 4-line banner saying so at every start
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return run_forwarding_signals(torchrun_command(nproc, argv), env=env)
 
 
 def torchrun_main(args: list[str]) -> int:
@@ -220,15 +223,21 @@ def torchrun_main(args: list[str]) -> int:
     torchrun's own `main` ended a failed world with ~40 lines (its `ChildFailedError` traceback and failure
     table) after the rank's error. Here the failure is one line on stderr naming the first rank that failed
     and its exit code, pointing at the run directory's console.log and events.jsonl, and the exit code is 1
-    (what torchrun returned). Other exceptions (a signal torchrun forwarded to its ranks) propagate as in
-    torchrun.
+    (what torchrun returned). A signal that stops the world (SIGTERM from the `--nproc-per-node`
+    wrapper, Ctrl+C) ends it with 128 + the signal's number and no traceback: torchrun has stopped the
+    ranks, and rank 0 already said `interrupted` (torchrun's own `main` ended in its 27-line
+    SignalException traceback).
     """
     import logging
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its failure report: below
+    # torch's elastic loggers each set their own level: the agent's "Received 15 death signal, shutting
+    # down workers" line would precede rank 0's `interrupted` line
+    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
     try:
         run(parse_args(args))
     except ChildFailedError as e:
@@ -244,6 +253,8 @@ def torchrun_main(args: list[str]) -> int:
             file=sys.stderr,
         )
         return 1
+    except SignalException as e:
+        return 128 + int(e.sigval)
     return 0
 
 
@@ -266,14 +277,15 @@ def peer_gone_message(exc: BaseException) -> str | None:
     )
 
 
-def run_forwarding_signals(cmd: list[str]) -> int:
-    """Run `cmd` and pass SIGTERM/SIGHUP sent to this wrapper on to it; return its exit code.
+def run_forwarding_signals(cmd: list[str], env: dict[str, str] | None = None) -> int:
+    """Run `cmd` (with the environment `env`, None: this one's) and pass SIGTERM/SIGHUP sent to this
+    wrapper on to it; return its exit code.
 
     So `kill`, a watchdog's `--stop-pid` or a scheduler stops the whole torchrun world, not only the
     wrapper (torchrun then stops its ranks, which write status `interrupted`). SIGINT is not
     forwarded: Ctrl+C in a terminal already reaches torchrun through the foreground process group.
     """
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum: int, _frame: object) -> None:
         if proc.poll() is None:

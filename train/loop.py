@@ -31,7 +31,7 @@ from grpolab.core.config import Config
 from grpolab.core.dist import DistContext, all_gather_objects, shutdown
 from grpolab.core.engine.base import Stoppable, capability
 from grpolab.core.evaluation import evaluate
-from grpolab.core.interrupts import hold_sigterm, interrupt_on_sigterm, restore_sigterm
+from grpolab.core.interrupts import hold_interrupts, interrupt_on_sigterm, restore_handlers
 from grpolab.core.metrics import PhaseTimer, RunSummary
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
@@ -146,7 +146,7 @@ class GRPORun:
     def run(self) -> Path:
         """Run the remaining rollouts; return the run directory. The last event is always `status`."""
         cfg = self.cfg
-        previous_handler = interrupt_on_sigterm()
+        previous_handlers = interrupt_on_sigterm()
         interval = cfg.run.gpu_sample_interval
         gpu_sampler = start_run_sampler(self.run_dir.path, interval) if self.dist.is_primary else None
         try:
@@ -181,7 +181,7 @@ class GRPORun:
                     f"warning: --ci-ft-test-actions: {action.action} at rollout {action.at_rollout} never fired"
                 )
         except BaseException as e:
-            hold_sigterm()  # a second SIGTERM must not cut the status write short
+            hold_interrupts()  # a second SIGTERM/SIGINT must not cut the status write short
             self.profiling.on_error(e, self.state.next_rollout_id)  # a CUDA OOM dumps the torch snapshot
             end_run_with_error(self.run_dir, e, self.state.next_rollout_id)
             raise
@@ -190,7 +190,7 @@ class GRPORun:
             if gpu_sampler is not None:
                 gpu_sampler.stop()
             close_engine(self.engine)  # engine servers the run launched end with it, however it ends
-            restore_sigterm(previous_handler)
+            restore_handlers(previous_handlers)
         self.run_dir.heartbeat("finished", self.state.next_rollout_id)  # left normally (diagnose hang)
         untrained = self.reporter.summary.untrained_warning()  # said again where the run ends
         if untrained is not None:

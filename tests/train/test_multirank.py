@@ -175,11 +175,19 @@ def test_crash_before_allreduce_on_one_rank_ends_the_world(recorded: Path) -> No
 
 def test_sigterm_to_the_wrapper_stops_every_rank(tmp_path: Path) -> None:
     """`kill -TERM` on `grpolab train --nproc-per-node 2` (what a watchdog's --stop-pid sends) must
-    reach torchrun and both ranks, not only the wrapper process."""
+    reach torchrun and both ranks, not only the wrapper process; the command ends with 143 (128 +
+    SIGTERM) and one line on stderr: no line per rank, no torchrun traceback or banner."""
     run = tmp_path / "long"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # torchrun's banner case
     argv = ["train", "--nproc-per-node", "2", *SMALL, "--num-rollout", "500", "--run-dir", str(run)]
-    proc = subprocess.Popen([sys.executable, "-m", "grpolab", *argv], env=env, start_new_session=True)
+    stderr = (tmp_path / "stderr.txt").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpolab", *argv],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
     rank_pids: list[int] = []
     try:
         deadline = time.monotonic() + 240
@@ -191,7 +199,11 @@ def test_sigterm_to_the_wrapper_stops_every_rank(tmp_path: Path) -> None:
                 rank_pids = [json.loads(f.read_text())["pid"] for f in files]
             time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        assert proc.wait(timeout=120) == 143
+        stderr.close()
+        assert (tmp_path / "stderr.txt").read_text().splitlines() == [
+            "grpolab train: interrupted; the run directory's last event says so"
+        ]
         deadline = time.monotonic() + 60
         while any(Path(f"/proc/{pid}").exists() for pid in rank_pids) and time.monotonic() < deadline:
             time.sleep(0.5)

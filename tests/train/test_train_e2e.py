@@ -203,6 +203,9 @@ def test_a_failed_run_gives_back_the_callers_sigterm_handler(tmp_path: Path) -> 
         with pytest.raises(RuntimeError):
             train_short(tmp_path / "failed", "--ci-ft-test-actions", fault)
         assert signal.getsignal(signal.SIGTERM) is mine
+        assert (
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        )  # held while it ended, given back
         events = [json.loads(x) for x in (tmp_path / "failed" / "events.jsonl").read_text().splitlines()]
         assert events[-1]["event"] == "status" and events[-1]["status"] == "failed"
         assert "error" in json.loads((tmp_path / "failed" / "ranks" / "0.json").read_text())
