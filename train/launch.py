@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpolab.core.devices import check_device_present
-from grpolab.core.save_dir import LATEST_FILE
+from grpolab.core.save_dir import LATEST_FILE, live_writer
 
 if TYPE_CHECKING:
     from grpolab.core.config import Config
@@ -47,12 +47,15 @@ def check_on_this_machine(config: Config) -> None:
 
     Raises:
         ValueError: a CUDA `--device` on a torch build or machine without CUDA; an output path
-            that cannot be a directory (`check_output_paths`); `--save` holding another run's
-            checkpoints; `--load` naming a file or nothing (each message names the flag).
+            that cannot be a directory (`check_output_paths`); `--save` written by another live
+            trainer (its lock, core/save_dir.py) or holding another run's checkpoints; `--load` naming a file or nothing (each message names the flag).
     """
     check_device_present(config.model.device, "--device")
     check_output_paths(config)
     save, load = config.checkpoint.save, config.checkpoint.load
+    busy = live_writer(save) if save is not None else None
+    if busy is not None:
+        raise ValueError(busy)
     continuing = load is not None and save is not None and Path(load).resolve() == Path(save).resolve()
     if save is not None and not continuing and (Path(save) / LATEST_FILE).exists():
         raise ValueError(

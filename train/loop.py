@@ -33,6 +33,7 @@ from grpolab.core.engine.base import Stoppable, capability
 from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_interrupts, interrupt_on_sigterm, restore_handlers
 from grpolab.core.metrics import PhaseTimer, RunSummary
+from grpolab.core.save_dir import acquire_save_lock, release_save_lock
 from grpolab.core.weight_sync import sync_weights
 from grpolab.diagnose.gpu import start_run_sampler
 from grpolab.monitor import open_monitor
@@ -113,6 +114,8 @@ class GRPORun:
         ctx, run_dir = open_run(config, argv)
         run: GRPORun | None = None
         try:
+            if ctx.is_primary and config.checkpoint.save is not None:  # rank 0 writes the checkpoints
+                acquire_save_lock(config.checkpoint.save, run_dir.path)  # released where run() ends
             if config.rollout.rollout_batch_size % ctx.world_size:
                 raise ValueError(
                     f"--rollout-batch-size {config.rollout.rollout_batch_size} must be divisible by the world size {ctx.world_size}"
@@ -123,6 +126,7 @@ class GRPORun:
             run._check_recordings()
         except BaseException as e:
             close_engine(run.engine if run is not None else None)
+            _release_save_lock(config)
             end_run_with_error(run_dir, e, None)
             raise
         return run
@@ -190,6 +194,7 @@ class GRPORun:
             if gpu_sampler is not None:
                 gpu_sampler.stop()
             close_engine(self.engine)  # engine servers the run launched end with it, however it ends
+            _release_save_lock(cfg)
             restore_handlers(previous_handlers)
         self.run_dir.heartbeat("finished", self.state.next_rollout_id)  # left normally (diagnose hang)
         untrained = self.reporter.summary.untrained_warning()  # said again where the run ends
@@ -362,6 +367,11 @@ class GRPORun:
             raise RuntimeError(f"--ci-ft-test-actions: {reason}: this run's engine cannot be shut down")
         engine.shutdown(reason=reason)
         self.run_dir.event("engine_stopped", reason=reason)
+
+
+def _release_save_lock(config: Config) -> None:
+    if config.checkpoint.save is not None:
+        release_save_lock(config.checkpoint.save)  # only this process's lock: other ranks hold none
 
 
 def train(config: Config, argv: list[str] | None = None, *, checked: bool = False) -> Path:

@@ -8,12 +8,16 @@ One module-scoped pair of runs (a start that crashes after rollout 2 of 4, then 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from runs import SHORT, events
 
 from grpolab.cli import main
+from grpolab.core.save_dir import SAVE_LOCK_FILE, live_writer
 from grpolab.rundir import reader
 from grpolab.rundir.writer import RunDirectory
 from grpolab.train.loop import GRPORun
@@ -53,6 +57,11 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     stale = tmp / "ckpt" / ".iter_0000003.k2j_x9zq"  # what a save killed midway left (older name)
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"w" * 1_500_000)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    lock = {"pid": int(gone.stdout), "host": socket.gethostname(), "run_dir": "runs/killed", "started": 1.0}
+    (tmp / "ckpt" / SAVE_LOCK_FILE).write_text(json.dumps(lock))  # what a kill -9 of the trainer leaves
     assert main([*command(tmp), "--run-dir", str(run_dir), "--load", str(tmp / "ckpt")]) == 0
     return run_dir
 
@@ -97,6 +106,8 @@ def test_checkpoint_saves_and_stale_temps_are_logged(resumed: Path) -> None:
     assert "--load " + str(ckpt) + ": resumed from iter_0000002, continuing at rollout 2" in log
     assert f"checkpoint: removed .iter_0000003.k2j_x9zq (1.5 MB) from {ckpt}, left by a save" in log
     assert not (ckpt / ".iter_0000003.k2j_x9zq").exists()
+    assert f"--save {ckpt}: removed the stale lock of pid " in log and "(run directory runs/killed)" in log
+    assert not (ckpt / SAVE_LOCK_FILE).exists()  # the run released its own lock where it ended
     (saved,) = [e for e in events(resumed, "checkpoint") if e["path"].endswith("iter_0000004")]
     assert saved["bytes"] > 100_000 and saved["seconds"] > 0
 
@@ -115,6 +126,36 @@ def test_a_run_dir_of_another_run_is_refused(resumed: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert f"--run-dir {resumed} holds another run (--lr 0.0002 there, 0.001 here)" in err
     assert (resumed / reader.EVENTS_FILE).read_text() == before  # nothing appended
+
+
+def test_a_save_dir_another_live_trainer_writes_is_refused(resumed: Path, capsys) -> None:
+    """Two trainers on one --save would replace each other's iter_*: the second exits 2 naming the first."""
+    tmp = resumed.parent
+    holder = subprocess.Popen(  # a trainer's rank 0 holding the lock, as acquire_save_lock leaves it
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from grpolab.core.save_dir import acquire_save_lock as a; "
+            "a(sys.argv[1], 'runs/first'); print('held', flush=True); time.sleep(60)",
+            str(tmp / "ckpt"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(SystemExit) as info:
+            main([*command(tmp), "--run-dir", str(tmp / "second"), "--load", str(tmp / "ckpt")])
+        err = capsys.readouterr().err
+        assert info.value.code == 2
+        assert (
+            f"another trainer is writing checkpoints there, pid {holder.pid} on {socket.gethostname()}" in err
+        )
+        assert "(run directory runs/first)" in err and not (tmp / "second").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert live_writer(tmp / "ckpt") is None  # its pid is gone: the lock it left is stale
 
 
 def test_run_dir_naming_a_file_is_bad_input(tmp_path: Path, capsys) -> None:
