@@ -115,7 +115,9 @@ class GRPORun:
         run: GRPORun | None = None
         try:
             if ctx.is_primary and config.checkpoint.save is not None:  # rank 0 writes the checkpoints
-                acquire_save_lock(config.checkpoint.save, run_dir.path)  # released where run() ends
+                # every rank passed preflight's live_writer check before open_run's rendezvous, so
+                # this lock never refuses the run's own ranks; released where run() ends
+                acquire_save_lock(config.checkpoint.save, run_dir.path)
             if config.rollout.rollout_batch_size % ctx.world_size:
                 raise ValueError(
                     f"--rollout-batch-size {config.rollout.rollout_batch_size} must be divisible by the world size {ctx.world_size}"
