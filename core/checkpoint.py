@@ -33,6 +33,7 @@ from grpolab.core.atomic import atomic_write_bytes
 from grpolab.core.data_identity import DataIdentity, identity_differences, unrecorded_fields
 from grpolab.core.dist import barrier
 from grpolab.core.model_files import compare_model_fingerprints, config_only_warning
+from grpolab.core.processes import is_this_host, pid_alive
 from grpolab.core.save_dir import LATEST_FILE
 
 log = logging.getLogger("grpolab")
@@ -157,17 +158,11 @@ def _live_owner(path: Path, match: re.Match[str]) -> str | None:
     if match["pid"] is None:
         return None
     pid, host = int(match["pid"]), match["host"]
-    if host != socket.gethostname():
+    if not is_this_host(host):
         age = time.time() - max([path.stat().st_mtime] + [p.stat().st_mtime for p in path.rglob("*")])
         return f"host {host}, changed {age:.0f} s ago" if age < FOREIGN_TEMP_STALE_S else None
-    if pid == os.getpid():
+    if pid == os.getpid() or not pid_alive(pid):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, owned by another user
     return f"pid {pid} on this host is alive"
 
 

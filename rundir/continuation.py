@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from grpolab.core.atomic import atomic_write_json
+from grpolab.core.processes import is_this_host, pid_alive
 from grpolab.rundir.reader import METRICS_FILE, RUN_JSON, RunDirError, read_events, read_run_meta
 from grpolab.rundir.status import HEARTBEAT_TIMEOUT_S, RANKS_DIR, final_status_event, read_ranks
 
@@ -174,21 +174,11 @@ def running_ranks(path: Path, *, now: float | None = None) -> list[str]:
         return []
     ranks, _ = read_ranks(path, retries=0)
     now = time.time() if now is None else now
-    host, alive = socket.gethostname(), []
+    alive = []
     for r in ranks:
-        if r.host in (None, host):
-            if r.pid != os.getpid() and _pid_alive(r.pid):
+        if is_this_host(r.host):
+            if r.pid != os.getpid() and pid_alive(r.pid):
                 alive.append(f"rank {r.rank} is pid {r.pid}, alive on this host")
         elif r.heartbeat_time is not None and now - r.heartbeat_time < HEARTBEAT_TIMEOUT_S:
             alive.append(f"rank {r.rank} on {r.host} beat {now - r.heartbeat_time:.0f} s ago")
     return alive
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, another user's
-    return True

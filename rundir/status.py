@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from grpolab.core.processes import is_this_host, pid_alive, started_after
+
 EVENTS_FILE = "events.jsonl"
 RANKS_DIR = "ranks"
 TAIL_BYTES = 64 << 10
@@ -24,7 +26,8 @@ RunStatus = Literal["finished", "failed", "interrupted", "running", "crashed"]
 FINAL_STATUSES: tuple[str, ...] = get_args(RunStatus)[:3]
 """The values of a `status` event the writer writes (`RunDirectory.finish`)."""
 HEARTBEAT_TIMEOUT_S = 300.0
-"""A run without a final status whose newest heartbeat is older than this (seconds) has crashed.
+"""A run without a final status whose newest heartbeat is older than this (seconds) has crashed;
+the rule for ranks of other hosts (a rank of this host whose pid is gone counts at once).
 5 minutes: the UI's default since its first version; a rank rewrites its heartbeat at every phase
 of a step, and a phase of the tiny CPU runs takes seconds (raise it for slow phases)."""
 
@@ -180,6 +183,26 @@ def read_ranks(
     return sorted(newest.values(), key=lambda r: (r.rank, r.pid)), problems
 
 
+def rank_is_gone(rank: RankRecord) -> bool:
+    """True when the rank ran on this host and its process is known to be over: its pid no longer
+    runs (core.processes.pid_alive; a zombie counts as gone) or belongs to a process that started
+    after the rank's last heartbeat (the pid was reused; core.processes.started_after). A rank of
+    another host is never known gone: only its heartbeat's age tells (HEARTBEAT_TIMEOUT_S)."""
+    if not is_this_host(rank.host):
+        return False
+    if not pid_alive(rank.pid):
+        return True
+    beat = rank.heartbeat_time
+    return beat is not None and started_after(rank.pid, beat)
+
+
+def live_heartbeat_times(ranks: list[RankRecord]) -> list[float]:
+    """The heartbeat times (unix seconds) of the ranks that may still run: every rank with a
+    heartbeat but those `rank_is_gone` says are over. `decide_status` takes these, so a run whose
+    ranks on this host were all killed is "crashed" at once instead of after the heartbeat timeout."""
+    return [t for r in ranks if (t := r.heartbeat_time) is not None and not rank_is_gone(r)]
+
+
 def decide_status(
     final_event: dict[str, Any] | None,
     heartbeat_times: list[float],
@@ -188,8 +211,9 @@ def decide_status(
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
 ) -> RunStatus:
     """The status rule: the final `status` event's value (finished | failed | interrupted) when the
-    run wrote one; else "running" while the newest heartbeat (unix seconds) is younger than
-    `heartbeat_timeout_s`, else "crashed". A status event with another value counts as none."""
+    run wrote one; else "running" while the newest of `heartbeat_times` (unix seconds; the ranks
+    that may still run, `live_heartbeat_times`) is younger than `heartbeat_timeout_s`, else
+    "crashed". A status event with another value counts as none."""
     status = (final_event or {}).get("status")
     if status in FINAL_STATUSES:
         return status  # type: ignore[return-value]
@@ -207,7 +231,7 @@ def run_status(
     beats: list[float] = []
     if (event or {}).get("status") not in FINAL_STATUSES:
         ranks, _ = read_ranks(run_dir, retries=0)
-        beats = [t for t in (r.heartbeat_time for r in ranks) if t is not None]
+        beats = live_heartbeat_times(ranks)
     now = time.time() if now is None else now
     return decide_status(event, beats, now=now, heartbeat_timeout_s=heartbeat_timeout_s)
 
@@ -223,6 +247,8 @@ __all__ = [
     "RankRecord",
     "RunStatus",
     "decide_status",
+    "live_heartbeat_times",
+    "rank_is_gone",
     "read_ranks",
     "run_status",
 ]

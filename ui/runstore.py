@@ -351,7 +351,7 @@ class RunStore:
     def _status(self, path: Path) -> str:
         """`reader.decide_status` over the cached events and rank files."""
         final = reader.status_event_of(self._jsonl(path / reader.EVENTS_FILE).rows)
-        beats = [t for t in (r.heartbeat_time for r in self._ranks(path)) if t is not None]
+        beats = reader.live_heartbeat_times(self._ranks(path))
         return reader.decide_status(
             final, beats, now=time.time(), heartbeat_timeout_s=self.heartbeat_timeout_s
         )

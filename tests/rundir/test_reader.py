@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -183,6 +186,33 @@ def test_status_without_a_final_event_follows_the_heartbeat(short_run: Path, tmp
 )
 def test_decide_status(event: dict | None, beats: list[float], expected: str) -> None:
     assert reader.decide_status(event, beats, now=100.0, heartbeat_timeout_s=30) == expected
+
+
+def _rank(tmp_path: Path, *, pid: int, host: str, beat: float) -> reader.RankRecord:
+    (tmp_path / reader.RANKS_DIR).mkdir(exist_ok=True)
+    record = {"rank": 0, "pid": pid, "host": host, "heartbeat": {"phase": "train", "time": beat}}
+    (tmp_path / reader.RANKS_DIR / "0.json").write_text(json.dumps(record))
+    return reader.read_ranks(tmp_path)[0][0]
+
+
+def test_a_rank_killed_on_this_host_is_crashed_at_once(tmp_path: Path) -> None:
+    """Issue 22 item 5: a gone pid of this host means crashed now, not after HEARTBEAT_TIMEOUT_S."""
+    (tmp_path / reader.EVENTS_FILE).write_text(json.dumps({"event": "run_start", "time": 1.0}) + "\n")
+    here, now = socket.gethostname(), time.time()
+    gone = int(
+        subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout
+    )
+    assert reader.rank_is_gone(_rank(tmp_path, pid=gone, host=here, beat=now))
+    assert reader.run_status(tmp_path, now=now + 1) == "crashed"
+    # another host's rank: its pid says nothing here; the heartbeat's age decides
+    assert not reader.rank_is_gone(_rank(tmp_path, pid=gone, host="node-7", beat=now))
+    assert reader.run_status(tmp_path, now=now + 1) == "running"
+    assert reader.run_status(tmp_path, now=now + reader.HEARTBEAT_TIMEOUT_S + 1) == "crashed"
+    # this process, alive and beating: running
+    _rank(tmp_path, pid=os.getpid(), host=here, beat=now)
+    assert reader.run_status(tmp_path, now=now + 1) == "running"
+    # a pid whose process started after the rank's last heartbeat was reused: that rank is gone
+    assert reader.rank_is_gone(_rank(tmp_path, pid=os.getpid(), host=here, beat=now - 10 * 24 * 3600))
 
 
 def test_rank_files_that_cannot_be_used_are_named(short_run: Path, tmp_path: Path) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,29 +62,54 @@ def _run(folder: Path, *, steps: int = 3, status: str | None = "finished", run_j
     return folder
 
 
-def _heartbeat(folder: Path, t: float) -> None:
+def _heartbeat(folder: Path, t: float, *, pid: int | None = None, host: str | None = None) -> None:
+    """A rank file: by default this process on this host (alive), beating at `t`."""
+    record = {"rank": 0, "pid": pid or os.getpid(), "host": host or socket.gethostname()}
     (folder / "ranks" / "0.json").write_text(
-        json.dumps({"rank": 0, "pid": 4242, "host": "vm", "heartbeat": {"phase": "rollout", "time": t}})
+        json.dumps({**record, "heartbeat": {"phase": "rollout", "time": t}})
     )
+
+
+def _gone_pid() -> int:
+    """The pid of a process of this host that has exited (and was reaped)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(proc.stdout)
 
 
 def test_status_and_discovery(tmp_path: Path) -> None:
     _run(tmp_path / "done")
     _run(tmp_path / "failed", status="failed")
-    _heartbeat(_run(tmp_path / "live", status=None), time.time() - 10)
+    _heartbeat(_run(tmp_path / "live", status=None), time.time())  # this process beats now
     _heartbeat(_run(tmp_path / "dead", status=None), time.time() - 3600)
+    # killed a moment ago: its pid is gone on this host, so no heartbeat timeout is waited for
+    _heartbeat(_run(tmp_path / "killed", status=None), time.time() - 10, pid=_gone_pid())
+    # another host's rank: only its heartbeat's age tells
+    _heartbeat(_run(tmp_path / "remote", status=None), time.time() - 10, pid=_gone_pid(), host="node-7")
     _run(tmp_path / "nested" / "deeper" / "inc", run_json=False)
     shutil.copy(LOGS / "miles_plain.log", tmp_path / "plain.log")
     (tmp_path / "notes.txt").write_text("not a log")
     store = RunStore([tmp_path])
     runs = {r.run_id: r for r in store.list_runs()}
-    assert set(runs) == {"done", "failed", "live", "dead", "nested/deeper/inc", "plain.log"}
+    assert set(runs) == {
+        "done",
+        "failed",
+        "live",
+        "dead",
+        "killed",
+        "remote",
+        "nested/deeper/inc",
+        "plain.log",
+    }
     status = {k: r.status for k, r in runs.items()}
     assert status == {
         "done": "finished",
         "failed": "failed",
         "live": "running",
         "dead": "crashed",
+        "killed": "crashed",
+        "remote": "running",
         "nested/deeper/inc": "incomplete",
         "plain.log": "running",  # written just now
     }
