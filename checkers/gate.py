@@ -3,7 +3,14 @@
 Inputs: our run directories (recognised by `run.json` or their metrics file, read with
 `rundir.reader`), a run's metrics file (`.jsonl`), or a Miles/slime console log read with
 `rundir.foreign_logs.parse_file` (`step N: {...}` lines with or without the Ray/timestamp prefixes).
-Every input must hold at least one `step` record, otherwise the gate cannot judge it (exit 2).
+Every input must hold at least one `step` record, otherwise the gate cannot judge it (exit 2; for
+a run directory the message says why, from its status).
+
+A run directory's first row is `status` (`checkers/gate_status.py`): the run finished and ran
+every rollout it was asked for, else the row fails naming the status and its reason (failed at
+rollout 3 with its error, crashed, interrupted, still running, 3 of 40 rollouts); `--allow-status
+S ...` accepts those statuses (`any` also fewer rollouts). Foreign logs, and a directory holding a
+metrics file without the trainer's events.jsonl, record no status: no row (a note says so).
 
 Checks (all on step 0, the FIRST `step` record in file order, except `--metric`; the step number is
 shown). The rules are `checkers/step0.py`'s, shared with the in-run KL checker and the UI:
@@ -21,7 +28,7 @@ shown). The rules are `checkers/step0.py`'s, shared with the in-run KL checker a
 - `--metric 'KEY>=X'` (also `<=`, `>`, `<`, `==`): the LAST value of KEY in the run, over records
   of any kind in file order; a missing key fails and lists the keys present.
 
-Exit codes: 0 every check passed, 1 a check failed, 2 cannot judge (unreadable input, no step
+Exit codes: 0 every check passed, 1 a check failed (the `status` row included), 2 cannot judge (unreadable input, no step
 records, a bad flag value; the message names the file or the flag).
 """
 
@@ -35,10 +42,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpolab.checkers import step0
+from grpolab.checkers import gate_status, step0
+from grpolab.checkers.gate_input import GateInputError, RunMetrics, load_run
 from grpolab.checkers.step0 import DEFAULT_GAP_MARGIN, GAP_KEY, KL_LOSS_KEY, PPO_KL_TOL
 from grpolab.rundir import reader
-from grpolab.rundir.foreign_logs import MetricRecord, parse_file
+from grpolab.rundir.completion import RunCompletion, run_completion
 
 METRIC_FORM = "KEY>=X, KEY<=X, KEY>X, KEY<X or KEY==X with a number X (e.g. 'eval/arith>=0.5')"
 _OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le, "==": operator.eq}
@@ -47,104 +55,6 @@ _METRIC_RE = re.compile(
     r"^\s*(?P<key>[^<>=\s](?:[^<>=]*[^<>=\s])?)\s*(?P<op>>=|<=|==|>|<)\s*(?P<value>\S+)\s*$"
 )
 _KEYS_SHOWN = 40
-
-
-class GateInputError(ValueError):
-    """The gate cannot judge: unreadable input, no step records, or a bad flag value (exit 2)."""
-
-
-@dataclass(frozen=True)
-class RunMetrics:
-    """The records of one run or log.
-
-    Attributes:
-        path: the input as given; source: the file read (the run's metrics file or the log);
-        records: file order.
-    """
-
-    path: str
-    source: str
-    records: list[MetricRecord]
-
-    @property
-    def first_step(self) -> MetricRecord:
-        """Step 0: the first `step` record in file order (load_run guarantees one exists)."""
-        rec = step0.first_step(self.records)
-        assert rec is not None
-        return rec
-
-    def where(self, record: MetricRecord) -> dict[str, Any]:
-        """Evidence fields of a record: `record` ("step 0", "rollout 3"), `file`, `line_no`."""
-        label = f"step {record.step}" if record.kind == "step" else f"{record.kind} {record.index}"
-        return {"record": label, "file": self.source, "line_no": record.line_no}
-
-
-def _no_step_reason(run_dir: Path) -> str:
-    """Why a run directory holds no `step` record, from its status (`reader.run_status`) and its
-    final status event's "error": failed (with that error), interrupted, crashed (no final status),
-    still running, or finished without training (`--debug-rollout-only`)."""
-    status = reader.run_status(run_dir)
-    event = reader.final_status_event(run_dir) or {}
-    rollout = f" (at rollout {event['rollout_id']})" if isinstance(event.get("rollout_id"), int) else ""
-    if status == "failed":
-        why = event.get("error") or "no error recorded"
-        return f"the run failed before its first step{rollout}: {why}"
-    if status == "interrupted":
-        return f"the run was interrupted before its first step{rollout}"
-    if status == "running":
-        return "the run has not reached its first step yet (it is still running)"
-    if status == "crashed":
-        return (
-            "the run stopped before its first step without a final status event (killed or crashed; "
-            f"see {run_dir / reader.CONSOLE_LOG})"
-        )
-    return "the run finished without a training step (a --debug-rollout-only run does not train)"
-
-
-def _read_records(p: Path, fmt: str) -> list[MetricRecord]:
-    """The records of a metrics file (`fmt` "run") or a console log ("log").
-
-    Raises:
-        GateInputError: the file cannot be read, or a complete line of a metrics file is not a record.
-    """
-    try:
-        if not p.is_file():
-            p.open().close()  # the OSError that names why (no such file, a folder, no permission)
-        if fmt == "log":
-            return parse_file(p).records
-        got = reader.read_metrics_file(p)
-    except OSError as e:
-        raise GateInputError(f"cannot read {p}: {e.strerror or e}") from None
-    if got.bad_lines:  # a complete line that is not a record: cannot judge
-        n, why = got.bad_lines[0]
-        raise GateInputError(f"{p}:{n}: not a {reader.METRICS_FILE} record ({why})")
-    return got.records
-
-
-def load_run(path: str | Path) -> RunMetrics:
-    """Read a run directory, a run's metrics file (.jsonl) or a Miles/slime console log.
-
-    Raises:
-        GateInputError: the path is missing or unreadable, a directory is not a run directory, or
-            the input holds no `step` record (for a run directory: why, from its status, e.g. "the
-            run failed before its first step: <its status event's error>").
-    """
-    p = Path(path)
-    if p.is_dir():
-        if not reader.is_run_dir(p):
-            raise GateInputError(f"{p} is not a run directory (none of {', '.join(reader.RUN_MARKERS)})")
-        p, fmt = p / reader.METRICS_FILE, "run"
-    else:
-        fmt = "run" if p.suffix == ".jsonl" else "log"
-    run_dir = p.parent if fmt == "run" and reader.is_run_dir(p.parent) else None
-    # a run that failed before its first metric has no metrics file: said below, from its status
-    records = [] if run_dir is not None and not p.exists() else _read_records(p, fmt)
-    if not any(r.kind == "step" for r in records):
-        if run_dir is not None:
-            raise GateInputError(f"no step record in {run_dir}: {_no_step_reason(run_dir)}; nothing to judge")
-        what = 'records of kind "step"' if fmt == "run" else "`step N: {...}` lines"
-        raise GateInputError(f"no {what} in {p}; nothing to judge (did the run reach its first step?)")
-    return RunMetrics(path=str(path), source=str(p), records=records)
 
 
 @dataclass(frozen=True)
@@ -193,7 +103,8 @@ class CheckResult:
         value: the value found (None when missing); expectation: the rule, in words;
         passed: the verdict; record / file / line_no: where the value came from ("step 0");
         detail: why it failed (e.g. the keys present when the key is missing); count: how many
-        records held the key (`--metric` only).
+        records held the key (`--metric` only); shown: the table's VALUE when it is not a number
+        (the `status` row: the run's status).
     """
 
     check: str
@@ -206,6 +117,7 @@ class CheckResult:
     line_no: int | None = None
     detail: str = ""
     count: int | None = None
+    shown: str | None = None
 
     @property
     def evidence(self) -> str:
@@ -213,7 +125,8 @@ class CheckResult:
         if self.record is None:
             return "-"
         last = f"last of {self.count}: " if self.count is not None else ""
-        return f"{last}{self.record} @ {Path(self.file or '').name}:{self.line_no}"
+        line = "" if self.line_no is None else f":{self.line_no}"
+        return f"{last}{self.record} @ {Path(self.file or '').name}{line}"
 
 
 @dataclass(frozen=True)
@@ -327,6 +240,16 @@ def check_metric(run: RunMetrics, expr: MetricExpr) -> CheckResult:
     return CheckResult("metric", expr.key, value, expect, ok, count=len(hits), **run.where(rec))
 
 
+def check_status(run: RunMetrics, completion: RunCompletion, allowed: frozenset[str]) -> CheckResult:
+    """The `status` row: value = rollouts done, shown = the status (`gate_status.status_verdict`)."""
+    passed, detail = gate_status.status_verdict(completion, allowed)
+    events = str(Path(run.run_dir or ".") / reader.EVENTS_FILE)
+    return CheckResult(
+        "status", "status", float(completion.rollouts_done), gate_status.expectation(completion), passed,
+        record=completion.rollouts, file=events, line_no=None, detail=detail, shown=completion.status,
+    )  # fmt: skip
+
+
 def verdict_word(passed: bool) -> str:
     """ "PASS" or "FAIL", as the CI-log table and the JSON report print a verdict."""
     return "PASS" if passed else "FAIL"
@@ -341,6 +264,7 @@ class GateReport:
     checks: list[CheckResult]
     gap_range: GapRange | None = None
     notes: list[str] = field(default_factory=list)
+    completion: RunCompletion | None = None
 
     @property
     def passed(self) -> bool:
@@ -359,6 +283,9 @@ class GateReport:
                 for c in self.checks
             ],
             "gap_range": None if self.gap_range is None else asdict(self.gap_range),
+            "run_status": None
+            if (done := self.completion) is None
+            else {**asdict(done), "complete": done.complete},
             "notes": self.notes,
         }
 
@@ -371,14 +298,20 @@ def gate(
     gap_range: str | None = None,
     gap_margin: float = DEFAULT_GAP_MARGIN,
     metrics: Sequence[str] = (),
+    allow_status: Sequence[str] = (),
 ) -> GateReport:
-    """Run the requested checks on `target` (see the module docstring for each rule).
+    """Run the requested checks on `target` (see the module docstring for each rule); a run
+    directory's `status` row comes first (`allow_status`: `--allow-status` values).
 
     Raises:
         GateInputError: the gate cannot judge (exit 2); the message names the file or the flag.
     """
     notes: list[str] = []
     exprs = [parse_metric_expr(m) for m in metrics]
+    try:
+        allowed = gate_status.parse_allow_status(allow_status)
+    except ValueError as e:
+        raise GateInputError(str(e)) from None
     explicit = parse_gap_range(gap_range) if gap_range is not None else None
     if step0_kl is not None and not step0_kl > 0:
         raise GateInputError(f"--step0-kl {step0_kl!r}: expected a positive tolerance (Miles uses 1e-9)")
@@ -392,6 +325,12 @@ def gate(
     if base_runs and not (gap_range is not None and explicit is None):
         notes.append("--baseline is only used by --gap-range auto; ignored")
     checks: list[CheckResult] = []
+    completion = None
+    if run.run_dir is not None and (Path(run.run_dir) / reader.EVENTS_FILE).is_file():
+        completion = run_completion(run.run_dir, run.records)
+        checks.append(check_status(run, completion, allowed))
+    elif run.run_dir is not None:
+        notes.append(f"no {reader.EVENTS_FILE} in {run.run_dir}: its status is not known; no status row")
     if step0_kl is not None:
         checks += check_step0_kl(run, step0_kl)
     gap: GapRange | None = None
@@ -399,4 +338,4 @@ def gate(
         gap = GapRange(*explicit, "explicit") if explicit else derive_gap_range(base_runs, gap_margin)
         checks.append(check_gap(run, gap))
     checks += [check_metric(run, e) for e in exprs]
-    return GateReport(str(target), run.source, checks, gap, notes)
+    return GateReport(str(target), run.source, checks, gap, notes, completion)

@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from grpolab.checkers import gate as gate_checks
 from grpolab.checkers.gate import GAP_KEY, GateInputError, GateReport, gate, verdict_word
+from grpolab.checkers.gate_status import ALLOWABLE_STATUSES, ANY_STATUS
 from grpolab.checkers.step0 import DEFAULT_GAP_MARGIN
 
 
@@ -20,16 +21,16 @@ def format_report(report: GateReport) -> list[str]:
         lines += report.gap_range.describe().split("\n")
     header = ("CHECK", "KEY", "VALUE", "EXPECTATION", "RESULT", "EVIDENCE")
     rows = [
-        (c.check, c.key, "missing" if c.value is None else f"{c.value:.6g}", c.expectation,
+        (c.check, c.key, c.shown or ("missing" if c.value is None else f"{c.value:.6g}"), c.expectation,
          verdict_word(c.passed), c.evidence)
         for c in report.checks
     ]  # fmt: skip
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    for c in report.checks:
-        if c.detail and not c.passed:
-            lines.append(f"FAIL {c.check} {c.key}: {c.detail}")
+    for c in report.checks:  # why a row failed; or why it passed anyway (--allow-status)
+        if c.detail:
+            lines.append(f"{'note' if c.passed else 'FAIL'} {c.check} {c.key}: {c.detail}")
     passed = sum(c.passed for c in report.checks)
     lines.append(f"gate: {verdict_word(report.passed)} ({passed}/{len(report.checks)} checks passed)")
     return lines
@@ -59,6 +60,9 @@ def add_gate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--metric", action="append", default=[], metavar="'KEY>=X'",
                    help="the LAST value of KEY in the run (any record kind) must satisfy the comparison; "
                    "ops >=, <=, >, <, == (repeatable)")  # fmt: skip
+    p.add_argument("--allow-status", action="extend", nargs="+", default=[], metavar="STATUS",
+                   help=f"accept a run directory whose status is one of {', '.join(ALLOWABLE_STATUSES)} "
+                   f"(several after one flag, or commas); '{ANY_STATUS}' also accepts fewer rollouts than asked")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the verdicts as a JSON document")
     return p
 
@@ -76,6 +80,7 @@ def run_gate_command(
             gap_range=args.gap_range,
             gap_margin=args.gap_margin,
             metrics=args.metric,
+            allow_status=args.allow_status,
         )
     except GateInputError as e:
         print(f"grpolab gate: error: {e}", file=err)

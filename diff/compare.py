@@ -64,7 +64,7 @@ def diff_runs(
     out = RunDiff(run_a=str(run_a), run_b=str(run_b), verdict="identical", tol=tol)
     out.setup = setup_differences(a, b)
     out.notes += [f"run {side}: {note}" for side, src in ((A, a), (B, b)) for note in src.notes]
-    out.runs = [f"run {side} {src.status}" for side, src in ((A, a), (B, b)) if src.status]
+    out.runs = [f"run {side}: {src.status}" for side, src in ((A, a), (B, b)) if src.status]
     metric_divergences(out, a, b, base)
     out.sample, notes = compare_recordings(
         a.recordings, b.recordings, tol=tol, tokenizer_dir=a.tokenizer_dir or b.tokenizer_dir

@@ -118,8 +118,8 @@ class RunDiff:
         sample: the first differing sample/token of the first rollout both runs recorded that differs.
         layer: the first parameter whose hash differs after the first divergent step.
         notes: what could not be judged and why, in plain words.
-        runs: how a run that did not finish ended ("run B failed: RuntimeError: boom"; from
-            `rundir.reader.run_status`): said, but not part of the verdict.
+        runs: how a run that is not complete ended ("run B: failed, 3/3 rollouts: it failed:
+            RuntimeError: boom"; `rundir.completion`, the rule of `grpolab gate`'s status row): said, but not part of the verdict.
     """
 
     run_a: str

@@ -18,6 +18,7 @@ import pandas as pd
 from grpolab.checkers.step_hash import step_hash_files
 from grpolab.diff.frames import logged_frame, records_to_frame
 from grpolab.rundir import reader, recordings
+from grpolab.rundir.completion import run_completion
 from grpolab.rundir.foreign_logs import parse_file
 
 
@@ -40,8 +41,9 @@ class RunSource:
         step_hashes: step → checks/model_hash_step_<N>.json ({} for a log or without the flag).
         tokenizer_dir: the run's --hf-checkpoint when it is a local folder (for decoding), else None.
         notes: what could not be used (a recording of another run), for the report's notes.
-        status: how the run ended when not "finished" ("failed: RuntimeError: boom", "interrupted",
-            "running", "crashed"; `reader.run_status`); "" for a finished run or a log.
+        status: how the run ended when it is not complete ("failed, 1/2 rollouts: it failed at
+            rollout 1: RuntimeError: boom"; `rundir.completion`, the rule of `grpolab gate`'s
+            status row); "" for a run that finished every rollout asked, or a log.
     """
 
     path: Path
@@ -119,12 +121,11 @@ def _read_run_dir(path: Path) -> RunSource:
 
 
 def _status(path: Path) -> str:
-    """A run directory's end when it did not finish, with a failed run's error ("" when finished)."""
-    status = reader.run_status(path)
-    if status == "finished":
-        return ""
-    error = (reader.final_status_event(path) or {}).get("error") if status == "failed" else None
-    return f"{status}: {error}" if error else status
+    """How a run directory ended when it is not complete (`rundir.completion`, the rule of
+    `grpolab gate`'s status row): "failed, 1/2 rollouts: it failed at rollout 1: <error>"; ""
+    when it finished every rollout it was asked for."""
+    done = run_completion(path)
+    return "" if done.complete else done.describe()
 
 
 def _own_recordings(found: dict[int, Path], run_id: str) -> tuple[dict[int, Path], list[str]]:

@@ -36,6 +36,7 @@ from grpolab.diagnose.logdoctor import FileScan, read_run_outcome, scan_file
 from grpolab.replay import logprobs
 from grpolab.replay.recording import RolloutRecording, load_rollout
 from grpolab.rundir import reader, recordings
+from grpolab.rundir.completion import RunCompletion, run_completion
 from grpolab.rundir.foreign_logs import MetricRecord, ParsedLog, parse_file
 from grpolab.ui import discovery, readers, stored_reports
 from grpolab.ui.run_summary import RunInfo, directory_summary, log_summary
@@ -328,6 +329,15 @@ class RunStore:
         file. Cached until the file's (size, mtime) changes; `error` is set when it cannot be read."""
         log = self.log_file(run_id)
         return self._cached(log, "logscan", _scan_log) if log.is_file() else None
+
+    def completion(self, run_id: str) -> RunCompletion | None:
+        """Did the run do what it was asked (status, reason, rollouts done of asked;
+        `rundir.completion`, the rule of `grpolab gate`'s status row)? None for a console log."""
+        path, source = self._locate(run_id)
+        if source == "miles log":
+            return None
+        records = self._metrics(path).records
+        return run_completion(path, records, heartbeat_timeout_s=self.heartbeat_timeout_s)
 
     def run_path(self, run_id: str) -> Path:
         """The run directory or log file behind `run_id`."""

@@ -306,9 +306,16 @@ def test_own_run_dir_passes_step0_kl(capsys: pytest.CaptureFixture[str], short_r
     code, out, _ = run(capsys, str(own_run), "--step0-kl", "1e-9")
     assert code == 0, out
     assert f"(read {own_run / 'metrics.jsonl'})" in out and "step 0 @ metrics.jsonl:" in out
+    status_row = next(line for line in out.splitlines() if line.startswith("status"))
+    assert status_row.split()[:3] == ["status", "status", "finished"] and "2/2 rollouts @ events.jsonl" in out
+    assert out.rstrip().endswith("gate: PASS (3/3 checks passed)")
     code, out, _ = run(capsys, str(own_run), "--step0-kl", "1e-9", "--metric", "perf/step_time>0", "--json")
     doc = json.loads(out)
-    assert code == 0 and doc["verdict"] == "PASS" and len(doc["checks"]) == 3
+    assert code == 0 and doc["verdict"] == "PASS" and len(doc["checks"]) == 4
+    assert doc["checks"][0]["check"] == "status" and doc["checks"][0]["shown"] == "finished"
+    assert doc["run_status"] == {
+        "status": "finished", "reason": "", "rollouts_done": 2, "rollouts_asked": 2, "complete": True
+    }  # fmt: skip
     # Our run also serves as a baseline (a CPU float32 run: its gap is far below the GPU range).
     report = gate(str(own_run), baselines=[str(own_run)], gap_range="auto")
     assert (
@@ -323,7 +330,8 @@ def test_own_run_dir_passes_step0_kl(capsys: pytest.CaptureFixture[str], short_r
 def early_failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Real `grpolab train` runs that failed before their first optimizer step: a fault raised in
     train at rollout 0 (metrics.jsonl holds the rollout record only) and a reward function that
-    raised (no metrics.jsonl at all)."""
+    raised (no metrics.jsonl at all); and one that failed after it (`train1`: the fault at rollout 1,
+    so step 0 is healthy)."""
     import sys
 
     from runs import train_short
@@ -332,6 +340,11 @@ def early_failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (root / "badrm.py").write_text("def reward(sample):\n    raise RuntimeError('verifier crashed')\n")
     fault = '[{"at_rollout": 0, "action": "raise_in_train"}]'
     runs = {"train": (root / "train", "--ci-ft-test-actions", fault)}
+    runs["train1"] = (
+        root / "train1",
+        "--ci-ft-test-actions",
+        fault.replace('"at_rollout": 0', '"at_rollout": 1'),
+    )
     runs["reward"] = (root / "reward", "--custom-rm-path", "badrm.reward")
     sys.path.insert(0, str(root))
     try:
@@ -389,3 +402,79 @@ def test_a_run_without_a_final_status_and_no_step_is_crashed_or_interrupted(
     )
     code, _, err = run(capsys, str(killed))
     assert code == 2 and "the run was interrupted before its first step (at rollout 0)" in err
+
+
+# --- the status row: a run that failed, crashed or ran short does not pass ------------------------
+
+
+def test_a_run_that_failed_after_a_healthy_step_fails_the_gate(
+    capsys: pytest.CaptureFixture[str], early_failures: dict[str, Path]
+) -> None:
+    """It said `gate: PASS (2/2 checks passed)`: step 0 is healthy, but the run failed at rollout 1."""
+    failed = early_failures["train1"]
+    code, out, _ = run(capsys, str(failed))
+    assert code == 1, out
+    assert "FAIL status status: the run is failed, 1/2 rollouts: it failed at rollout 1: " in out
+    assert "InjectedFault: injected fault: raise_in_train on rank 0 at rollout 1" in out
+    assert "--allow-status failed accepts it" in out
+    assert "step0-kl  train/ppo_kl" in out and out.rstrip().endswith("gate: FAIL (2/3 checks passed)")
+    code, out, _ = run(capsys, str(failed), "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["verdict"] == "FAIL" and doc["run_status"]["status"] == "failed"
+    assert doc["run_status"]["complete"] is False and doc["checks"][0]["result"] == "FAIL"
+    for allowed in (["failed"], ["any"], ["crashed,failed"], ["crashed", "failed"]):
+        code, out, _ = run(capsys, str(failed), "--allow-status", *allowed)
+        assert code == 0 and "(accepted by --allow-status)" in out, (allowed, out)
+    code, out, _ = run(capsys, str(failed), "--allow-status", "crashed")
+    assert code == 1
+
+
+def test_a_finished_run_with_fewer_rollouts_than_asked_fails(
+    capsys: pytest.CaptureFixture[str], short_run: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    short = shutil.copytree(short_run, tmp_path / "short")
+    events = [json.loads(line) for line in (short / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["status"] == "finished" and events[-1]["rollouts"] == 2
+    events[-1]["rollouts"] = 1
+    (short / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    code, out, _ = run(capsys, str(short))
+    assert (
+        code == 1 and "the run is finished, 1/2 rollouts: it ran 1 of the 2 rollouts it was asked for" in out
+    )
+    assert "--allow-status any accepts it" in out
+    code, _, err = run(capsys, str(short), "--allow-status", "finished")
+    assert code == 2  # not a status --allow-status takes: the flag is named
+    assert (
+        "--allow-status 'finished': expected one or more of failed, interrupted, running, crashed, any" in err
+    )
+    code, _, _ = run(capsys, str(short), "--allow-status", "any")
+    assert code == 0
+
+
+def test_a_killed_run_is_crashed_at_once_and_fails(
+    capsys: pytest.CaptureFixture[str], short_run: Path, tmp_path: Path
+) -> None:
+    """No final status event and its rank's pid gone on this host: crashed, not "running"."""
+    import shutil
+    import subprocess
+    import sys
+
+    killed = shutil.copytree(short_run, tmp_path / "killed")
+    events = (killed / "events.jsonl").read_text().splitlines()
+    (killed / "events.jsonl").write_text("\n".join(events[:-1]) + "\n")
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    rank = json.loads((killed / "ranks" / "0.json").read_text())
+    rank["pid"] = int(gone.stdout)  # a pid that ran on this host and is over; its heartbeat is recent
+    (killed / "ranks" / "0.json").write_text(json.dumps(rank))
+    code, out, _ = run(capsys, str(killed))
+    assert code == 1 and "the run is crashed, 2/2 rollouts: it stopped without a final status event" in out
+
+
+def test_a_foreign_log_has_no_status_row(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, OK, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["run_status"] is None and all(c["check"] != "status" for c in doc["checks"])

@@ -249,11 +249,13 @@ def test_run_status_is_said_but_does_not_decide(runs: dict[str, Path], tmp_path:
     end = {"event": "status", "time": 1.0, "rank": 0, "status": "failed", "error": "RuntimeError: boom"}
     (failed / "events.jsonl").write_text("\n".join([*lines[:-1], json.dumps(end)]) + "\n")
     report = diff_runs(runs["replay1"], failed)
-    assert report.verdict == "identical" and report.runs == ["run B failed: RuntimeError: boom"]
-    assert "status: run B failed: RuntimeError: boom" in report.render()
+    assert report.verdict == "identical" and report.runs == [
+        "run B: failed, 2/2 rollouts: it failed: RuntimeError: boom"
+    ]
+    assert "status: run B: failed, 2/2 rollouts: it failed: RuntimeError: boom" in report.render()
     assert diff_runs(failed, failed).runs == [
-        "run A failed: RuntimeError: boom",
-        "run B failed: RuntimeError: boom",
+        "run A: failed, 2/2 rollouts: it failed: RuntimeError: boom",
+        "run B: failed, 2/2 rollouts: it failed: RuntimeError: boom",
     ]
     assert diff_runs(runs["replay1"], runs["replay2"]).runs == []
 

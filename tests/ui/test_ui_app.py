@@ -138,6 +138,26 @@ def test_health_page_on_a_tiny_run(ui_root: Path, monkeypatch: pytest.MonkeyPatc
     table = at.dataframe[0].value.set_index("signal")
     assert "4 rollouts logged; a trend needs ≥ 5" in table.loc["reward trend and collapse", "evidence"]
     assert "of 2 groups" in table.loc["zero-std group share", "evidence"]
+    assert _texts(at, "success") == ["Run status: finished, 4/4 rollouts."] and not at.error
+
+
+def test_health_page_says_a_failed_run_fails_the_gate(
+    ui_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Health page showed a failed run's healthy signals and nothing else: it says the status
+    and the reason, by the rule of `grpolab gate`'s status row."""
+    failed = shutil.copytree(ui_root / "a", tmp_path / "failed")
+    events = [json.loads(line) for line in (failed / "events.jsonl").read_text().splitlines()]
+    end = {**events[-1], "status": "failed", "rollout_id": 3, "error": "RuntimeError: engine died"}
+    end.pop("rollouts", None)
+    (failed / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [*events[:-1], end]))
+    at = _app(monkeypatch, tmp_path, selected=["failed"])
+    at.switch_page("app_pages/health.py").run()
+    assert not at.exception and not at.success
+    assert _texts(at, "error") == [
+        "Run status: failed, 3/4 rollouts: it failed at rollout 3: RuntimeError: engine died. "
+        "`grpolab gate` fails this run (its status row)."
+    ]
 
 
 def test_rollouts_page_runs_replay_logprobs(

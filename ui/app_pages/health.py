@@ -69,6 +69,11 @@ if run is not None:
     store = state.store()
     frame = store.frame(run)
     clip, groups = _settings(store.read_config(run))
+    done = store.completion(run)
+    if done is not None and not done.complete:  # the rule of `grpolab gate`'s status row
+        st.error(f"Run status: {done.describe()}. `grpolab gate` fails this run (its status row).")
+    elif done is not None:
+        st.success(f"Run status: {done.describe()}.")
     if frame.empty:
         st.warning(f"{run} has no metric lines yet.")
     signals = health.health_signals(frame, clip_grad=clip, groups_per_rollout=groups)
