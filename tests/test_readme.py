@@ -27,8 +27,10 @@ tests/replay).
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,26 @@ from grpolab.cli import build_parser
 from grpolab.core.config.flags import config_from_args
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def _shipped() -> frozenset[Path]:
+    """What a fresh clone holds: the files git tracks and their folders (absolute paths). Only what
+    git tracks counts, never what the user's own runs left in the checkout (`runs/` after the
+    quick start); without git (a source tarball) every file on disk counts."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return frozenset(p for p in REPO.rglob("*") if ".venv" not in p.parts)
+    files = [REPO / f for f in listed.split("\0") if f]
+    return frozenset([*files, *(d for f in files for d in f.parents if REPO in d.parents)])
+
+
+def _ships(path: Path) -> bool:
+    """Whether `path` (absolute, resolved) is in a fresh clone of the repository."""
+    return REPO in path.parents and path in _shipped()
 README = REPO / "README.md"
 _OPTIONAL = re.compile(r"\s\[[^\]'\"]*\]")  # ` [--json]`, ` [--host 127.0.0.1]`: optional syntax
 _READS = ("--hf-checkpoint", "--prompt-data")
@@ -161,7 +183,7 @@ def file_problems(commands: list[list[str]]) -> list[str]:
         for flag in _READS:
             value = _flag(argv, flag)
             path = (REPO / value).resolve() if value else None
-            if path is not None and (REPO not in path.parents or not path.exists()):
+            if path is not None and not _ships(path):
                 problems.append(f"{shown}: {flag} {value} is not in a fresh clone")
         for flag in _TEMPLATE_READERS:
             value = _flag(argv, flag)
@@ -185,8 +207,7 @@ def file_problems(commands: list[list[str]]) -> list[str]:
 
 def _exists_or_made(value: str, made: set[Path], saved: list[str]) -> bool:
     """Whether `value` ships inside the repository, is (in) something made before, or is a recording."""
-    path = (REPO / value).resolve()
-    if REPO in path.parents and path.exists():
+    if _ships((REPO / value).resolve()):
         return True
     rel = Path(value)
     made_paths = {m for m in made if "<" not in str(m)}
@@ -235,6 +256,14 @@ def test_the_checks_catch_the_commands_a_tester_could_not_run() -> None:
             p.endswith(f": {path} is not in a fresh clone nor made by a command before it") for p in problems
         )
     assert len(problems) == 9
+    made = REPO / "runs" / "candidate"  # as the user's own runs leave it after the quick start
+    created = [d for d in (made.parent, made) if not d.exists()]
+    made.mkdir(parents=True, exist_ok=True)
+    try:
+        assert file_problems(old) == problems  # what the user ran is not in a fresh clone
+    finally:
+        for d in reversed(created):
+            d.rmdir()
     made_first = [
         ["train", "--run-dir", "runs/my-run"],
         ["replay", "convert", "fixtures/miles/miles_rollout_0.pt", "runs/m.grz"],

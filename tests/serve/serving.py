@@ -1,7 +1,9 @@
 """Helpers for tests/serve: `grpolab serve` in a subprocess, a small HTTP client, SGLang's JSON contract.
 
-The contract is the real `sglang/api/v1/api_types.py` of the SGLang 0.5.23 wheel (installed with
-`pip install --no-deps sglang==0.5.23`; it imports only msgspec), loaded by file path because
+The contract is the real `sglang/api/v1/api_types.py` of the SGLang 0.5.23 wheel, unpacked beside
+the environment (`pip install --no-deps --target .whl/sglang sglang==0.5.23`, the README's test
+command: installed into the environment, sglang's unmet CUDA requirements would make `pip check` and
+every later `pip install` there complain). It imports only msgspec and is loaded by file path because
 `import sglang` needs the whole server stack.
 """
 
@@ -21,13 +23,21 @@ from types import ModuleType
 STARTUP_TIMEOUT_S = 120
 
 
+CONTRACT = Path(__file__).resolve().parents[2] / ".whl" / "sglang" / "sglang" / "api" / "v1" / "api_types.py"
+"""Where the README's test command unpacks SGLang's contract (an sglang installed into the
+environment is used when this is absent)."""
+
+
 def load_contract() -> ModuleType:
-    """`sglang.api.v1.api_types` of the installed sglang wheel, without importing `sglang`."""
-    spec = importlib.util.find_spec("sglang")
-    assert spec is not None and spec.submodule_search_locations, (
-        "SGLang's contract is missing: pip install --no-deps sglang==0.5.23 msgspec (see .ci/run)"
-    )
-    path = Path(spec.submodule_search_locations[0]) / "api" / "v1" / "api_types.py"
+    """`sglang.api.v1.api_types` of the sglang 0.5.23 wheel, without importing `sglang`."""
+    path = CONTRACT
+    if not path.is_file():
+        spec = importlib.util.find_spec("sglang")
+        assert spec is not None and spec.submodule_search_locations, (
+            "SGLang's contract is missing: pip install --no-deps --target .whl/sglang sglang==0.5.23 "
+            "(the README's test command)"
+        )
+        path = Path(spec.submodule_search_locations[0]) / "api" / "v1" / "api_types.py"
     mod_spec = importlib.util.spec_from_file_location("sglang_api_types", path)
     module = importlib.util.module_from_spec(mod_spec)
     sys.modules["sglang_api_types"] = module  # msgspec resolves the Structs' annotations through it
