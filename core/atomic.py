@@ -1,9 +1,14 @@
-"""Atomic file writes: write a temp file in the same directory, fsync, then rename over the target."""
+"""Atomic file writes: write a temp file in the same directory, fsync, then rename over the target.
+
+The temp file is `.<name>.<random>.tmp` beside the target; a writer killed before the rename
+(kill -9) leaves it behind, and `leftover_temps` finds it for whoever writes that target next.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,18 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def leftover_temps(path: str | Path) -> list[Path]:
+    """The temp files `atomic_write_bytes(path, ...)` calls left beside `path` (their writer was
+    killed before the rename), sorted by name. The caller decides whether their writer is gone."""
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[A-Za-z0-9_]+\.tmp")
+    if not path.parent.is_dir():
+        return []
+    return sorted(
+        p for p in path.parent.glob(f".{path.name}.*.tmp") if pattern.fullmatch(p.name) and p.is_file()
+    )
 
 
 def _umask() -> int:

@@ -14,16 +14,20 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpolab.core.atomic import leftover_temps
 from grpolab.core.batch import Sample
 from grpolab.core.model_files import compare_model_fingerprints, config_only_warning
 from grpolab.replay.fingerprints import FINGERPRINT_FIELDS, compare_fingerprints
 from grpolab.replay.format import RecordingError, read_header
 from grpolab.replay.paths import SAVE_FLAG, format_path
 from grpolab.replay.recording import load_rollout, save_rollout, verify_rollout
+
+log = logging.getLogger("grpolab")
 
 SHOWN = 8
 """How many files an error message lists before "and N more"."""
@@ -122,6 +126,26 @@ class RolloutRecorder:
                 + "\nchoose another template, or pass --overwrite-debug-rollout-data to replace them"
             )
         return [p for p, _ in taken]
+
+    def remove_leftover_temps(self, rollout_ids: list[int | str]) -> list[tuple[Path, int]]:
+        """Before the first rollout: remove the temp files a killed run left beside the recordings
+        this run will write (`.<name>.<random>.tmp`, `core.atomic.leftover_temps`), logging each.
+        Their writer is over: the files are this run's to write (`check_free`), and the run
+        directory's lock keeps a second live run of it out.
+
+        Returns:
+            (path, bytes) of each file removed.
+        """
+        removed = []
+        for rollout_id in rollout_ids:
+            for tmp in leftover_temps(format_path(self.template, rollout_id)):
+                size = tmp.stat().st_size
+                tmp.unlink(missing_ok=True)
+                log.info(
+                    f"{SAVE_FLAG}: removed {tmp} ({size} bytes), left by a recording write that did not finish"
+                )
+                removed.append((tmp, size))
+        return removed
 
     def save(self, samples: list[Sample], *, rollout_id: int | str, weight_version: int) -> tuple[Path, int]:
         """Write one rollout; return (path, bytes written)."""

@@ -40,7 +40,8 @@ def check_recordings(
 ) -> list[Path]:
     """Before the first rollout of a run starting at rollout `start`: every recording the rollout `path`
     reads is ready (`RolloutPath.check_ready`), and none the run writes (rollouts and, when `evals` (an
-    engine evaluates), its `eval_<id>` files) replaces another run's recording.
+    engine evaluates), its `eval_<id>` files) replaces another run's recording; the temp files a
+    killed run left beside those files are removed (`RolloutRecorder.remove_leftover_temps`).
 
     Returns:
         The files `--overwrite-debug-rollout-data` lets this run replace.
@@ -56,4 +57,6 @@ def check_recordings(
         return []
     eval_ids = planned_eval_ids(ids, config.eval.eval_interval) if evals else []
     written: list[int | str] = [*ids, *map(eval_rollout_id, eval_ids)]
-    return recorder.check_free(written, overwrite=debug.overwrite_debug_rollout_data)
+    replaced = recorder.check_free(written, overwrite=debug.overwrite_debug_rollout_data)
+    recorder.remove_leftover_temps(written)
+    return replaced

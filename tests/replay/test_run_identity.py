@@ -206,3 +206,29 @@ def test_a_corrupt_recording_is_found_before_the_first_rollout(tmp_path: Path) -
         replayer(str(tmp_path / "r_{rollout_id}.grz")).check_ready([0, 1, 2])
     assert str(e.value).startswith(f"--load-debug-rollout-data: rollout 2: {paths[2]}: corrupt recording")
     replayer(str(tmp_path / "r_{rollout_id}.grz")).check_ready([0, 1])  # the intact ones pass
+
+
+def test_a_recording_killed_mid_write_leaves_a_temp_the_next_run_removes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It stayed forever: `.r_1.grz.<random>.tmp` from a writer killed before its rename."""
+    import subprocess
+    import sys
+
+    killed_mid_write = (
+        "import os, sys\nfrom grpolab.core import atomic\n"
+        "os.replace = lambda *a: os._exit(9)  # killed between the write and the rename\n"
+        "atomic.atomic_write_bytes(sys.argv[1], b'half a recording' * 64)\n"
+    )
+    target = tmp_path / "r_1.grz"
+    assert subprocess.run([sys.executable, "-c", killed_mid_write, str(target)]).returncode == 9
+    (left,) = tmp_path.glob(".r_1.grz.*.tmp")
+    assert not target.exists() and left.stat().st_size == 16 * 64
+    other = tmp_path / ".r_7.grz.abc123.tmp"  # a rollout this run does not write: not its business
+    other.write_bytes(b"x")
+    template = str(tmp_path / "r_{rollout_id}.grz")
+    with caplog.at_level("INFO", logger="grpolab"):
+        removed = recorder(template, "run-b").remove_leftover_temps([0, 1, 2, "eval_0"])
+    assert removed == [(left, 1024)] and not left.exists() and other.exists()
+    assert f"--save-debug-rollout-data: removed {left} (1024 bytes), left by a recording write" in caplog.text
+    assert recorder(template, "run-b").remove_leftover_temps([1]) == []
