@@ -102,11 +102,11 @@ def load_grad_norm(path: str | Path) -> float:
     data = path.read_bytes()
     try:
         if data[:2] == b"PK":  # a zip archive: Miles' torch.save of a float
-            import io
-
             import torch
 
-            value = torch.load(io.BytesIO(data), weights_only=True)
+            from grpolab.core.safe_load import load_pt
+
+            value = load_pt(path, data=data)
             if isinstance(value, torch.Tensor) and value.numel() == 1:
                 value = value.item()
         else:

@@ -34,6 +34,7 @@ from grpolab.core.data_identity import DataIdentity, identity_differences, unrec
 from grpolab.core.dist import barrier
 from grpolab.core.model_files import compare_model_fingerprints, config_only_warning
 from grpolab.core.processes import is_this_host, pid_alive
+from grpolab.core.safe_load import UnreadableFileError, UnsafeFileError, load_pt
 from grpolab.core.save_dir import LATEST_FILE
 
 log = logging.getLogger("grpolab")
@@ -256,17 +257,31 @@ def _load_checkpoint(
         )
     optimizer_state = None
     if actor.optimizer is not None and (path / "optimizer.pt").exists():
-        optimizer_state = torch.load(path / "optimizer.pt", weights_only=True, map_location=actor.device)
+        optimizer_state = _load_state(path / "optimizer.pt", actor.device)
+    scheduler_state = _load_state(path / "scheduler.pt") if optimizer_state is not None else None
+    rng = _load_state(path / "rng.pt")
     actor.load_state(weights, optimizer_state)
-    if optimizer_state is not None:
+    if scheduler_state is not None:
         assert actor.scheduler is not None
-        actor.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    rng = torch.load(path / "rng.pt", weights_only=True)
+        actor.scheduler.load_state_dict(scheduler_state)
     torch.set_rng_state(rng["torch"])
     random.setstate(_as_random_state(rng["python"]))
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     return state
+
+
+def _load_state(path: Path, map_location: Any = None) -> Any:
+    """A checkpoint's `.pt` state as plain data (`core.safe_load.load_pt`, weights_only=True).
+
+    Raises:
+        CheckpointError: `--load` and the file's reason (refused on purpose when it holds pickled
+            classes; unreadable when missing or truncated).
+    """
+    try:
+        return load_pt(path, map_location=map_location)
+    except (UnsafeFileError, UnreadableFileError) as e:
+        raise CheckpointError(f"--load: {e}") from None
 
 
 def read_trainer_state(path: Path) -> TrainerState:

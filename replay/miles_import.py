@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import re
 from pathlib import Path
 from typing import Any
 
@@ -22,28 +20,13 @@ import torch
 
 from grpolab.core.batch import Sample
 from grpolab.core.rewards import reward_value
+from grpolab.core.safe_load import UnreadableFileError, UnsafeFileError, load_pt
 from grpolab.replay.format import RecordingError
 from grpolab.replay.paths import check_rollout_id
 from grpolab.replay.recording import save_rollout
 
 REQUIRED = ("tokens", "response_length", "rollout_log_probs", "reward", "status", "group_index", "index")
 STATUS_TO_FINISH = {"completed": "stop", "truncated": "length", "aborted": "length", "failed": "length"}
-_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
-
-
-def _unsafe_classes(path: Path, err: Exception) -> list[str]:
-    """Classes the pickle needs, found by static disassembly (nothing is executed)."""
-    try:
-        found = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
-    except Exception:
-        found = []
-    return found or _GLOBAL.findall(str(err))
-
-
-def _weights_only_detail(err: Exception) -> str:
-    """The specific reason inside torch's long "Weights only load failed" message."""
-    m = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\n\s*\n|$)", str(err), re.S)
-    return (m.group(1) if m else str(err)).strip()
 
 
 def load_miles_pt(path: str | Path) -> dict[str, Any]:
@@ -61,23 +44,9 @@ def load_miles_pt(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise RecordingError(f"{path}: no such Miles recording")
     try:
-        obj = torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as e:
-        classes = _unsafe_classes(path, e)
-        detail = _weights_only_detail(e)
-        if not classes and not any(w in detail for w in ("GLOBAL", "global", "reduce", "build", "allowlist")):
-            raise RecordingError(
-                f"{path}: not a readable torch.save file (UnpicklingError: {detail})"
-            ) from None
-        named = ", ".join(classes) if classes else "classes beyond plain containers and tensors"
-        raise RecordingError(
-            f"{path}: this file can only be read by unpickling arbitrary classes ({named}), which can run "
-            "code, so grpolab refuses (it loads with torch.load(weights_only=True) only). Re-save it with plain "
-            "types: dicts, lists, str/int/float/bool/None and torch tensors (e.g. convert numpy arrays with "
-            ".tolist() or torch.from_numpy, enums to their string value, dataclasses to dicts)."
-        ) from None
-    except Exception as e:  # not a zip / legacy torch file, truncated, etc.
-        raise RecordingError(f"{path}: not a readable torch.save file ({type(e).__name__}: {e})") from None
+        obj = load_pt(path, map_location="cpu")
+    except (UnsafeFileError, UnreadableFileError) as e:
+        raise RecordingError(str(e)) from None
     if not isinstance(obj, dict) or not isinstance(obj.get("samples"), list):
         got = type(obj).__name__ if not isinstance(obj, dict) else f"dict with keys {sorted(map(str, obj))}"
         raise RecordingError(

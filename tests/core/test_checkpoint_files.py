@@ -256,3 +256,21 @@ def test_a_corrupt_trainer_state_names_the_file(
         checkpoint.load_checkpoint(ckpt, TinyActor(), model_fingerprint="fp", data=ident(prompts))
     assert f"--load: {ckpt / 'trainer_state.json'} " in str(e.value) and problem in str(e.value)
     assert "colour" in str(e.value) or "colour" not in text
+
+
+def test_a_pickle_inside_a_checkpoint_is_refused_naming_the_file(prompts: Path, tmp_path: Path) -> None:
+    """It said torch's "re-run with weights_only=False" advice: now the file, why, and never that."""
+    import datetime
+
+    ckpt = checkpoint.save_checkpoint(tmp_path / "ckpt", TinyActor(), state(1, ident(prompts).to_dict()))
+    torch.save({"torch": torch.get_rng_state(), "python": datetime.date(2026, 12, 6)}, ckpt / "rng.pt")
+    actor = TinyActor(0.0)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load_checkpoint(ckpt, actor, model_fingerprint="fp", data=ident(prompts))
+    msg = str(e.value)
+    assert msg.startswith(f"--load: {ckpt / 'rng.pt'}: refused on purpose: ") and "datetime.date" in msg
+    assert "weights_only=False" not in msg and "weights_only=True" in msg
+    assert float(actor.weights["b.bias"][0]) == 0.0  # nothing restored before the refusal
+    (ckpt / "rng.pt").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(checkpoint.CheckpointError, match="rng.pt: not a readable torch.save file"):
+        checkpoint.load_checkpoint(ckpt, actor, model_fingerprint="fp", data=ident(prompts))

@@ -78,7 +78,8 @@ def test_custom_class_is_refused_without_unpickling(tmp_path: Path) -> None:
     with pytest.raises(RecordingError) as e:
         convert_miles(tmp_path / "custom.pt", tmp_path / "out.grz")
     msg = str(e.value)
-    assert "custom.pt" in msg and "Payload" in msg and "refuses" in msg and "plain types" in msg
+    assert "custom.pt" in msg and "Payload" in msg and "refused on purpose" in msg and "plain types" in msg
+    assert "weights_only=False" not in msg  # never the advice to load it unsafely
     assert UNPICKLED == [] and not (tmp_path / "out.grz").exists()
     torch.load(tmp_path / "custom.pt", weights_only=False)  # control: an unsafe load does run it
     assert UNPICKLED == ["setstate"]
