@@ -59,6 +59,8 @@ def _shipped() -> frozenset[Path]:
 def _ships(path: Path) -> bool:
     """Whether `path` (absolute, resolved) is in a fresh clone of the repository."""
     return REPO in path.parents and path in _shipped()
+
+
 README = REPO / "README.md"
 _OPTIONAL = re.compile(r"\s\[[^\]'\"]*\]")  # ` [--json]`, ` [--host 127.0.0.1]`: optional syntax
 _READS = ("--hf-checkpoint", "--prompt-data")
