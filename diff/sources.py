@@ -9,6 +9,7 @@ see the same (kind, step) rows (Miles' two `perf N:` lines merged, a resumed run
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from grpolab.checkers.step_hash import step_hash_files
+from grpolab.core.config.paths import resolve_config_paths
 from grpolab.diff.frames import logged_frame, records_to_frame
 from grpolab.rundir import reader, recordings
 from grpolab.rundir.completion import run_completion
@@ -94,6 +96,9 @@ def _read_run_dir(path: Path) -> RunSource:
     except (reader.RunDirError, OSError) as e:
         raise DiffInputError(str(e)) from None
     config = dict(meta.config_dict)
+    cwd = meta.raw.get("cwd")
+    if isinstance(cwd, str) and os.path.isabs(cwd):  # `runs/x` and `/repo/runs/x` are one folder
+        config = resolve_config_paths(config, cwd)
     if meta.seed is not None:
         config["seed"] = meta.seed
     debug = config.get("debug")

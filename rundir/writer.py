@@ -135,8 +135,9 @@ class RunDirectory:
 
         `mirror_events_to` (`--save-debug-event-data DIR`) receives a copy of every event line.
         `continuing` (a `--load` start) continues a directory that holds the same run instead of
-        refusing it (`continuation.continue_run`). run.json's top-level argv, start_time and
-        environment are the first start's; "starts" lists every start (argv, start_time, pid, `extra`).
+        refusing it (`continuation.continue_run`). run.json's top-level argv, cwd (the folder its
+        relative paths are relative to; `core.config.paths`), start_time and environment are the
+        first start's; "starts" lists every start (argv, start_time, pid, `extra`).
         A directory whose every start failed before its first rollout is reused by any start
         (`continuation.restart_failed_run`: run.json's top level becomes this start's; the
         `run_start` event says how many failed starts came before, `failed_starts_before`).
@@ -147,7 +148,7 @@ class RunDirectory:
         """
         run = cls(path, rank=rank, mirror_events_to=mirror_events_to)
         start = {"argv": argv, "start_time": time.time(), "pid": os.getpid(), **(extra or {})}
-        body = {"name": run.path.name, "config": config, "argv": argv, "seed": seed}
+        body = {"name": run.path.name, "config": config, "argv": argv, "seed": seed, "cwd": os.getcwd()}
         body.update(start_time=start["start_time"], environment=environment_fingerprint(), **(extra or {}))
         failed_starts = 0
         if (run.path / RUN_JSON).exists():

@@ -276,3 +276,29 @@ def test_one_common_step_is_singular() -> None:
     from grpolab.diff import RunDiff
 
     assert "(bitwise; 1 common step)" in RunDiff("a", "b", "identical", common_steps=1).render()
+
+
+def test_a_path_named_relative_and_absolute_is_one_path(runs: dict[str, Path], tmp_path: Path) -> None:
+    """It listed `model.hf_checkpoint: fixtures/tiny-qwen3 vs /repo/fixtures/tiny-qwen3` as a set-up
+    difference: run.json records the folder each run started in (`cwd`), and paths compare resolved."""
+    import os
+
+    meta = json.loads((runs["replay1"] / "run.json").read_text())
+    assert meta["cwd"] == os.getcwd()  # the trainer records where it started
+    model = Path(meta["config"]["model"]["hf_checkpoint"])
+    edited = {}
+    for side, cwd, given in (("a", str(model.parent), model.name), ("b", "/elsewhere", str(model))):
+        copy = shutil.copytree(runs["replay1"], tmp_path / side)
+        doc = json.loads((copy / "run.json").read_text())
+        doc["cwd"], doc["config"]["model"]["hf_checkpoint"] = cwd, given
+        doc["config"]["run"]["run_dir"] = os.path.relpath("/same", cwd) if side == "a" else "/same"
+        (copy / "run.json").write_text(json.dumps(doc))
+        edited[side] = copy
+    report = diff_runs(edited["a"], edited["b"])
+    keys = {d.key for d in report.setup}
+    assert "model.hf_checkpoint" not in keys and "run.run_dir" not in keys, report.setup
+    doc = json.loads((edited["a"] / "run.json").read_text())
+    doc["config"]["model"]["hf_checkpoint"] = "another-model"  # a real difference is still one
+    (edited["a"] / "run.json").write_text(json.dumps(doc))
+    (diff,) = [d for d in diff_runs(edited["a"], edited["b"]).setup if d.key == "model.hf_checkpoint"]
+    assert (diff.a, diff.b) == (str(model.parent / "another-model"), str(model))
