@@ -129,8 +129,8 @@ def print_gap_summary(result: LogprobsResult, path: Path, run_dir: str | Path, *
         file=out,
     )
     for step, gap in result.steps:
-        was = f"{logged[step]:.6g}" if step in logged else "not logged"
-        print(f"  step {step}: recomputed {gap:.6g}   logged {GAP_KEY} {was}", file=out)
+        was = f"the run logged {logged[step]:.6g}" if step in logged else "the run did not log it"
+        print(f"  step {step}: recomputed {GAP_KEY} {gap:.6g}; {was}", file=out)
     print(f"weights: {result.weights.description}", file=out)
     print(f"wrote {path}", file=out)
 

@@ -31,10 +31,12 @@ def frozen_recording_note(first: tuple[int, int, int], recorded_version: int, fr
     first_id, first_recorded, first_fresh = first
     if recorded_version != first_recorded or fresh_version == first_fresh:
         return ""
+    updates = fresh_version - first_fresh
+    times = "once" if updates == 1 else f"{updates} times"
     return (
-        f"the recording's weight version is still {recorded_version} as at rollout {first_id} (recorded without "
-        f"weight updates, e.g. --debug-rollout-only) while this run's engine moved from version {first_fresh} "
-        f"to {fresh_version}: the live policy was trained and the recording's was not, so the ratio can fall "
+        f"the recording was made without weight updates (its weight version is {recorded_version} here as at "
+        f"rollout {first_id}, e.g. --debug-rollout-only), while this run has updated its policy {times} since "
+        f"rollout {first_id}: the live policy was trained and the recording's was not, so the ratio can fall "
         f"below 1.0 here; only rollout {first_id} is expected to match exactly"
     )
 

@@ -56,7 +56,9 @@ def test_recomputed_gap_equals_the_logged_one(recorded: Path, capsys: pytest.Cap
     assert [s for s, _ in result.steps] == [s for s, _ in logged] == [0, 1]
     for (_, ours), (_, theirs) in zip(result.steps, logged):
         assert ours == pytest.approx(theirs, rel=REL) and ours > 0
-    assert f"step 1: recomputed {result.steps[1][1]:.6g}   logged {GAP_KEY} {logged[1][1]:.6g}" in out.out
+    assert (
+        f"step 1: recomputed {GAP_KEY} {result.steps[1][1]:.6g}; the run logged {logged[1][1]:.6g}" in out.out
+    )
     assert result.weights.weights is None and result.reduction == "sample_mean"
     assert result.mean_abs_gap == pytest.approx(np.mean([g for _, g in logged]), rel=REL)
     first = result.samples[0]

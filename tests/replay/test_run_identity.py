@@ -164,7 +164,9 @@ def test_frozen_recording_note() -> None:
     assert frozen_recording_note(first, 0, 1) == ""  # the first injected rollout itself
     assert frozen_recording_note(first, 1, 2) == ""  # the recording's weights moved too
     note = frozen_recording_note(first, 0, 2)
-    assert "still 0 as at rollout 0" in note and "--debug-rollout-only" in note
+    assert "its weight version is 0 here as at rollout 0" in note and "--debug-rollout-only" in note
+    assert "this run has updated its policy once since rollout 0" in note and "version 1" not in note
+    assert "updated its policy 2 times since" in frozen_recording_note(first, 0, 3)
     assert "only rollout 0 is expected to match exactly" in note
 
 
