@@ -48,6 +48,23 @@ def test_true_replaces_the_rollout_line_and_sink_scalars_not_the_record(
     assert [t for t in tags if t.startswith("rollout/")] == []
 
 
+def test_the_shipped_example_logger_prints_what_the_rollout_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`grpolab.examples.rollout_logger.log_rollout` (the docs' example) runs, keeps the default
+    line, and its numbers agree with the rollout's metrics.jsonl record."""
+    run_dir = tmp_path / "run"
+    flags = ["--custom-rollout-log-function-path", "grpolab.examples.rollout_logger.log_rollout"]
+    assert _train(run_dir, *flags) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("custom logger: rollout 0: ")]
+    (record,) = records(run_dir, "rollout")
+    reward = record["metrics"]["rollout/raw_reward"]
+    assert f"mean reward {reward:.3f}," in line and "\nrollout 0: {" in "\n" + out
+    n = next(int(a) for a, b in zip(SHORT[1:], SHORT) if b == "--rollout-max-response-len")
+    assert f"(--rollout-max-response-len {n})" in line
+
+
 def test_raising_logger_fails_the_run_at_that_rollout(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run_dir = tmp_path / "run"
     flags = ["--custom-rollout-log-function-path", "rollout_loggers.boom"]

@@ -1,0 +1,1 @@
+"""Small, runnable examples of grpolab's extension points (importable as `grpolab.examples.*`)."""
