@@ -1,27 +1,29 @@
-"""Every `grpolab` command in the README's bash blocks runs as written on a fresh clone (issue 15
-item 22), checked the fastest honest way, without running them:
+"""Every `grpolab` command in the README's and the docs' bash blocks runs as written on a fresh
+clone (issue 15 item 22; issue 22: the README is a door to `docs/`), checked the fastest honest way,
+without running them:
 
+- the pages are README.md, then each `docs/*.md` page in the order the README links them (a docs
+  page may use what a README command made, as its reader has run those); every docs page is linked;
 - it parses: `grpolab`'s own parser accepts the subcommand and every flag (a misspelt or removed
   flag, a bad value or a missing argument fails here);
+- it is pasted as is: no `[--optional]` syntax and no `...` elision inside a command;
 - a `grpolab train` command also builds its run config (`config_from_args`: the checks a run makes
   of its flags before anything loads);
 - the files a command reads ship with the repository (`--hf-checkpoint`, `--prompt-data`: a path
   outside the repository, such as `../shared/data/...`, does not exist on a fresh clone), or are
-  written by a README command before it (a recording template read by `--load-debug-rollout-data` /
+  written by a command before it (a recording template read by `--load-debug-rollout-data` /
   `--ci-inject-rollout-data-path` / `grpolab replay inspect` must be one that an earlier command
   saves with `--save-debug-rollout-data`).
 
-- the paths a command reads as arguments (`grpolab gate LOG --baseline ...`, `diagnose log FILE`,
-  `replay convert IN.pt`, `ui ROOT`, ...: `_READ_ARGS` names them for every subcommand, and a
+- the paths a command reads as arguments (`grpolab gate LOG --baseline LOG`, `diagnose log FILE`,
+  `replay convert IN.pt`, `ui ROOT`: `_READ_ARGS` names them for every subcommand, and a
   subcommand the table lacks fails the test) ship with the repository or are made before it: a run
   directory of an earlier `grpolab train` (`--run-dir`, or `runs/` for its default) or a file in it,
   a recording, or an earlier `replay convert`'s output.
 
-Commands that need the reader's own machines (a running SGLang fleet at an IP) are in ```sh blocks:
-they are parsed and validated like the others, and not checked for files. Text in `[...]` is
-optional syntax and `...` an elision: both are dropped before parsing. What the commands do when run is what the rest of the
-test suite checks (the train example's shape with the tiny model: tests/core; record and replay:
-tests/replay).
+Commands that need the reader's own machines (a running SGLang fleet at an IP, a git history to
+bisect) are in ```sh blocks: they are parsed and validated like the others, and not checked for
+files. What the commands do when run is what the rest of the test suite checks.
 """
 
 from __future__ import annotations
@@ -62,18 +64,32 @@ def _ships(path: Path) -> bool:
 
 
 README = REPO / "README.md"
-_OPTIONAL = re.compile(r"\s\[[^\]'\"]*\]")  # ` [--json]`, ` [--host 127.0.0.1]`: optional syntax
+_DOC_LINK = re.compile(r"\]\((docs/[\w.-]+\.md)\)")
+
+
+def pages() -> list[Path]:
+    """README.md, then the docs pages in the order the README first links them."""
+    linked = dict.fromkeys(_DOC_LINK.findall(README.read_text(encoding="utf-8")))
+    return [README, *(REPO / link for link in linked)]
+
+
+def page_commands(lang: str = "bash") -> list[list[str]]:
+    """The commands of every page (`pages()`), in reading order."""
+    return [argv for page in pages() for argv in readme_commands(page.read_text(encoding="utf-8"), lang)]
+
+
 _READS = ("--hf-checkpoint", "--prompt-data")
 _TEMPLATE_READERS = ("--load-debug-rollout-data", "--ci-inject-rollout-data-path")
 
 
 def readme_commands(text: str, lang: str = "bash") -> list[list[str]]:
     """The argv (after `grpolab`) of every `grpolab` command in the text's ```<lang> blocks, in order:
-    continuation lines joined, comments, `[...]` optional parts and `...` dropped, `&&` chains split.
-    `lang` "bash": commands that run on a fresh clone; "sh": ones that need the reader's machines.
+    continuation lines joined, comments dropped, `&&` chains split. `lang` "bash": commands that run
+    on a fresh clone; "sh": ones that need the reader's machines.
 
     Raises:
-        ValueError: a block ends inside a quoted argument.
+        ValueError: a block ends inside a quoted argument, or a command holds `[--optional]` syntax
+            or a `...` elision (it would not run as pasted).
     """
     found = []
     for block in re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S):
@@ -81,11 +97,12 @@ def readme_commands(text: str, lang: str = "bash") -> list[list[str]]:
         for line in block.replace("\\\n", " ").splitlines():
             pending += line + "\n"
             try:
-                tokens = shlex.split(_OPTIONAL.sub("", pending), comments=True)
+                tokens = shlex.split(pending, comments=True)
             except ValueError:
                 continue
-            pending = ""
-            tokens = [t for t in tokens if t != "..."]
+            shown, pending = pending.strip(), ""
+            if any(t == "..." or t.startswith("[-") for t in tokens):  # ` [--json]`, ` [--tol 0]`, ` ...`
+                raise ValueError(f"not a command that runs as pasted ([...] or ...): {shown!r}")
             command: list[str] = []
             for token in [*tokens, "&&"]:
                 if token != "&&":
@@ -110,8 +127,8 @@ def _made_by(template: str, path: str) -> bool:
     return re.fullmatch(re.escape(template).replace(re.escape("{rollout_id}"), r"\d+"), path) is not None
 
 
-COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
-YOUR_MACHINES = readme_commands(README.read_text(encoding="utf-8"), "sh")
+COMMANDS = page_commands()
+YOUR_MACHINES = page_commands("sh")
 
 _READ_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("ui",): ("roots",),
@@ -152,9 +169,18 @@ def _read_paths(argv: list[str]) -> list[str]:
 def test_the_readme_has_the_commands_it_documents() -> None:
     """The extraction itself: one command per subcommand family at least, and the chained quick start."""
     firsts = {argv[0] for argv in COMMANDS}
-    assert {"train", "ui", "replay", "gate", "diagnose", "watchdog"} <= firsts
-    assert ["train"] in COMMANDS  # the quick start's bare `grpolab train` (after the venv and pip steps)
-    assert len(COMMANDS) >= 15
+    assert {"train", "ui", "replay", "gate", "diagnose", "watchdog", "diff", "serve"} <= firsts
+    assert readme_commands(README.read_text(encoding="utf-8"))[0] == ["train"]  # the quick start
+    assert len(COMMANDS) >= 30
+
+
+def test_the_readme_is_a_door_to_every_docs_page() -> None:
+    """Every docs page is linked from the README (a page nobody links is a page nobody reads), each
+    link points at a page that exists, and the README stays short."""
+    linked = {p.relative_to(REPO).as_posix() for p in pages()[1:]}
+    on_disk = {p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md")}
+    assert linked == on_disk
+    assert len(README.read_text(encoding="utf-8").splitlines()) < 250
 
 
 @pytest.mark.parametrize(
@@ -224,9 +250,16 @@ def test_the_checks_catch_what_a_fresh_clone_lacks() -> None:
     """The extraction and the file rule on the README's old mistakes: a prompt file outside the
     repository, a replay of a recording nobody made."""
     old = (
-        "```bash\n# a comment\ngrpolab train \\\n  --prompt-data ../shared/data/gsm8k/train.jsonl [--json]\n"
-        "grpolab train --load-debug-rollout-data 'runs/rec/r_{rollout_id}.grz' --num-rollout 3 ...\n```\n"
+        "```bash\n# a comment\ngrpolab train \\\n  --prompt-data ../shared/data/gsm8k/train.jsonl\n"
+        "grpolab train --load-debug-rollout-data 'runs/rec/r_{rollout_id}.grz' --num-rollout 3\n```\n"
     )
+    for pasted_as_is_would_fail in (
+        "grpolab diff a b [--tol 0] [--json]",
+        "grpolab train --nproc-per-node 2 ...",
+    ):
+        with pytest.raises(ValueError, match="not a command that runs as pasted"):
+            readme_commands(f"```bash\n{pasted_as_is_would_fail}\n```\n")
+    assert readme_commands("```bash\ngrpolab gate 'a[0]>=1'\n```\n") == [["gate", "a[0]>=1"]]
     argvs = readme_commands(old)
     assert argvs == [
         ["train", "--prompt-data", "../shared/data/gsm8k/train.jsonl"],
