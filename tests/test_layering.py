@@ -1,4 +1,4 @@
-"""The package's floors point one way and no import circle remains (README, "How the code is laid out").
+"""The package's floors point one way and no import circle remains (docs/layout.md).
 
 Every module of the package is parsed (imports at module level, inside functions and under
 `if TYPE_CHECKING:` alike) and each import of a grpolab module is an edge. Two rules:
@@ -37,6 +37,7 @@ FLOORS: dict[str, int] = {
     "train": 4,  # the run's orchestration: loop, start-up, preflight, step report, train phase, colocation
     "ui": 5,
     "fixtures": 5,  # the scripts that make the fixtures stand beside the product
+    "examples": 5,  # runnable examples of the extension points (the custom rollout logger)
     "cli": 6,  # the `grpolab` command dispatches to every room, the UI included
     "__main__": 7,
 }
