@@ -1,11 +1,14 @@
 """`grpolab serve`: its flags, loading the engine into a `ServerState`, and running the app with uvicorn.
 
-Order of the checks, cheapest first, so bad input fails in well under a second: the host/api-key
-rule (a non-loopback `--host` needs `--api-key`), the checkpoint path, then the port (bound before
-the model loads, and handed to uvicorn as that socket, so nothing else can take it in between).
-Each is exit 2 with a message naming the flag. The bound address is printed as
-`grpolab serve: listening on http://HOST:PORT` once the server answers (with `--port 0` this is how a
-caller learns the port).
+Order of the checks, cheapest first, so bad input fails in well under a second: the API key (from
+`--api-key`, `--api-key-file` or `GRPOLAB_API_KEY`; a non-loopback `--host` needs one), the
+checkpoint path, then the port (bound before the model loads, and handed to uvicorn as that socket,
+so nothing else can take it in between). Each is exit 2 with a message naming the flag. The bound
+address is printed as `grpolab serve: listening on http://HOST:PORT` once the server answers (with
+`--port 0` this is how a caller learns the port).
+
+Exit codes: 0 never (the server runs until a signal), 2 bad input, 130 after SIGINT (Ctrl+C) and 143
+after SIGTERM, each after the graceful shutdown: 128 + the signal's number, as `grpolab train`.
 """
 
 from __future__ import annotations
@@ -13,9 +16,14 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import math
+import os
 import shlex
+import signal
 import socket
 import sys
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 
 from grpolab.core.engine.base import DECODE_PATHS, DecodePath
 from grpolab.serve.batching import BATCH_WAIT_S
@@ -23,6 +31,11 @@ from grpolab.serve.state import ServerState, ServeSettings
 
 DEFAULT_PORT = 30000
 """SGLang's default `--port`."""
+API_KEY_ENV = "GRPOLAB_API_KEY"
+"""The environment variable `grpolab serve` reads its API key from when no flag gives one (SGLang
+0.5.23 reads its `--api-key` from the command line only, so there is no SGLang name to follow); a
+key in the environment or a file stays out of process listings, where `--api-key` shows."""
+_KEY_FLAGS = ("--api-key",)
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,7 +55,16 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         help=f"port to bind; 0 = any free (default {DEFAULT_PORT})",
     )
     p.add_argument(
-        "--api-key", default=None, help="require Authorization: Bearer KEY (needed for a non-loopback --host)"
+        "--api-key",
+        default=None,
+        help="require Authorization: Bearer KEY (needed for a non-loopback --host); visible in process "
+        f"listings: prefer --api-key-file or ${API_KEY_ENV}",
+    )
+    p.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help=f"read the API key from PATH (surrounding whitespace stripped); else ${API_KEY_ENV} is read",
     )
     p.add_argument(
         "--enable-deterministic-inference",
@@ -85,6 +107,52 @@ def port_number(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"--port must be in 0..65535, got {port}")
     return port
+
+
+def resolve_api_key(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str | None:
+    """The server's API key: `--api-key`, else `--api-key-file`'s content (whitespace stripped),
+    else `$GRPOLAB_API_KEY` (`API_KEY_ENV`); None when none is given. An empty `--api-key` stays ""
+    (the caller's host rule names it).
+
+    Raises:
+        ValueError: both flags given; the file is missing, unreadable or holds only whitespace; the
+            variable is set but empty (each names the flag or variable and the path, never the key).
+    """
+    env = os.environ if environ is None else environ
+    if args.api_key is not None and args.api_key_file is not None:
+        raise ValueError("--api-key and --api-key-file: give one of them")
+    if args.api_key is not None:
+        return args.api_key
+    if args.api_key_file is not None:
+        path = Path(args.api_key_file)
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise ValueError(f"--api-key-file {path}: cannot read it ({why})") from None
+        if not key:
+            raise ValueError(f"--api-key-file {path}: the file is empty; expected the key on its own")
+        return key
+    if API_KEY_ENV in env:
+        if not env[API_KEY_ENV].strip():
+            raise ValueError(f"${API_KEY_ENV} is set but empty; unset it or give the key")
+        return env[API_KEY_ENV].strip()
+    return None
+
+
+def redacted_command(argv: list[str]) -> str:
+    """The command line for /server_info's `launch_command`, the value of `--api-key` replaced by
+    `REDACTED` (both `--api-key KEY` and `--api-key=KEY`)."""
+    out, hide = [], False
+    for arg in argv:
+        if hide:
+            out.append("REDACTED")
+        elif any(arg.startswith(f"{flag}=") for flag in _KEY_FLAGS):
+            out.append(arg.split("=", 1)[0] + "=REDACTED")
+        else:
+            out.append(arg)
+        hide = arg in _KEY_FLAGS
+    return shlex.join(out)
 
 
 def is_loopback(host: str) -> bool:
@@ -151,8 +219,9 @@ def load_state(
     )
 
 
-def run_server(state: ServerState, sock: socket.socket) -> None:
-    """Serve `state`'s app on the bound `sock` until SIGINT/SIGTERM (uvicorn's graceful shutdown)."""
+def run_server(state: ServerState, sock: socket.socket) -> int | None:
+    """Serve `state`'s app on the bound `sock` until SIGINT/SIGTERM (uvicorn's graceful shutdown);
+    return the number of the first signal that stopped it (None if it stopped otherwise)."""
     import uvicorn
 
     from grpolab.serve.app import build_app
@@ -173,6 +242,25 @@ def run_server(state: ServerState, sock: socket.socket) -> None:
             state.batcher.abort(abort_all=True, message="the server is shutting down")
             await super().shutdown(sockets=sockets)
 
+        @contextmanager
+        def capture_signals(self) -> Generator[None, None, None]:
+            """uvicorn's, without raising the signal again after the shutdown (that killed the
+            process by the signal, SIGINT with a KeyboardInterrupt traceback): the signal is kept
+            in `stopped_by` and the command exits 128 + its number."""
+            handled = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            stopped_by.append(sig)
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    stopped_by: list[int] = []
+
     config = uvicorn.Config(
         build_app(state),
         http="httptools",  # C parser: h11's pure-Python one cost ~1 ms a request (a rollout is 64)
@@ -183,16 +271,24 @@ def run_server(state: ServerState, sock: socket.socket) -> None:
         proxy_headers=False,  # nothing in front sets X-Forwarded-*: the router connects from 127.0.0.1
     )
     AnnouncingServer(config).run(sockets=[sock])
+    return stopped_by[0] if stopped_by else None
 
 
 def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    """Run `grpolab serve`; return the exit code: 0 after a shutdown by SIGINT, 2 on bad input (after
-    SIGTERM the process ends with 143: uvicorn raises the signal again once it has shut down)."""
+    """Run `grpolab serve`; return the exit code: 2 on bad input, 130 after SIGINT and 143 after
+    SIGTERM (128 + the signal number, once the server has shut down gracefully)."""
     prog = "grpolab serve: error:"
-    if not is_loopback(args.host) and not args.api_key:
-        given = " (an empty one was given)" if args.api_key == "" else ""
+    try:
+        api_key = resolve_api_key(args)
+    except ValueError as e:
+        print(f"{prog} {e}", file=sys.stderr)
+        return 2
+    if not is_loopback(args.host) and not api_key:
+        given = " (an empty one was given)" if api_key == "" else ""
         print(
-            f"{prog} --host {args.host} is not a loopback address; it needs --api-key{given}", file=sys.stderr
+            f"{prog} --host {args.host} is not a loopback address; it needs an API key (--api-key-file "
+            f"PATH, ${API_KEY_ENV} or --api-key){given}",
+            file=sys.stderr,
         )
         return 2
     if args.served_model_name is not None and not args.served_model_name.strip():
@@ -234,11 +330,11 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
         model_path=args.hf_checkpoint,
         host=args.host,
         port=sock.getsockname()[1],
-        api_key=args.api_key,
+        api_key=api_key or None,
         deterministic=args.enable_deterministic_inference,
         served_model_name=args.served_model_name,
         batch_wait_s=args.batch_wait_ms / 1000,
-        launch_command=shlex.join(["grpolab", *(argv or sys.argv[1:])]),
+        launch_command=redacted_command(["grpolab", *(argv or sys.argv[1:])]),
     )
     if args.num_threads is not None:
         import torch
@@ -250,5 +346,8 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
         sock.close()
         print(f"{prog} {e}", file=sys.stderr)
         return 2
-    run_server(state, sock)
-    return 0
+    stopped_by = run_server(state, sock)
+    if stopped_by is None:
+        return 0
+    print(f"grpolab serve: stopped by {signal.Signals(stopped_by).name}", file=sys.stderr, flush=True)
+    return 128 + stopped_by

@@ -8,8 +8,12 @@ Each handler takes the server state and the request and answers as SGLang 0.5.23
 - `/abort_request` `{rid, abort_all}`: 200 with an empty body.
 - `/release_memory_occupation` / `/resume_memory_occupation` `{tags}`: 200 with JSON `null`; release
   needs an idle server; resuming a tag that is not released (or releasing one twice) is a 400.
-- `/update_weights_from_disk` `{model_path, weight_version, ...}`: loads every `*.safetensors` file
-  of the directory (or the one file) into the engine; `{success, message, num_paused_requests}`.
+- `/update_weights_from_disk` `{model_path, weight_version, flush_cache, abort_all_requests}`: loads
+  every `*.safetensors` file of the directory (or the one file) into the engine, then flushes the
+  cache unless `flush_cache` is false; `{success, message, num_paused_requests}`.
+
+A boolean field (`abort_all`, `flush_cache`, `abort_all_requests`) must be JSON `true` or `false`
+(`serve.http.bool_field`): `"no"` is a 400, never read as truthy.
 - `/update_weight_version` `{new_version, abort_all_requests}`: `{success, message, new_version}`.
 - `/weights_checker` `{action}`: snapshot / reset_tensors / compare / checksum;
   `{success, message[, ranks, per_engine_checksum]}`, 400 when a compare finds differences.
@@ -27,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from grpolab.core.engine.base import ChecksWeights, capability
-from grpolab.serve.http import error_response, read_object
+from grpolab.serve.http import bool_field, error_response, read_object
 from grpolab.serve.state import MEMORY_TAGS, ServerState
 
 CHECKSUM_SKIP = ("cos_sin_cache", "cos_cache", "sin_cache", "inv_freq", "freqs_cis", "expert_mask_gpu")
@@ -77,7 +81,11 @@ async def abort_request(state: ServerState, request: Request) -> Response:
     rid = body.get("rid") or ""
     if not isinstance(rid, str):
         return error_response(f"abort_request: rid must be a string, got {rid!r}")
-    state.batcher.abort(rid, abort_all=bool(body.get("abort_all")))
+    try:
+        abort_all = bool_field(body, "abort_all", False, route="abort_request")
+    except ValueError as e:
+        return error_response(str(e))
+    state.batcher.abort(rid, abort_all=abort_all)
     return Response(status_code=200)
 
 
@@ -197,7 +205,12 @@ async def update_weights_from_disk(state: ServerState, request: Request) -> Resp
         return _fail("update_weights_from_disk needs model_path (a directory of .safetensors files)")
     if version is not None and not isinstance(version, str):
         return _fail(f"weight_version must be a string, got {version!r}")
-    if body.get("abort_all_requests"):
+    try:  # SGLang's UpdateWeightFromDiskReqInput: flush_cache true, abort_all_requests false by default
+        flush = bool_field(body, "flush_cache", True, route="update_weights_from_disk")
+        abort_all = bool_field(body, "abort_all_requests", False, route="update_weights_from_disk")
+    except ValueError as e:
+        return _fail(str(e))
+    if abort_all:
         state.batcher.abort(abort_all=True, message="Aborted by update_weights_from_disk.")
     target = (
         state.engine_version(version) if version is not None else getattr(state.engine, "weight_version", 0)
@@ -206,6 +219,8 @@ async def update_weights_from_disk(state: ServerState, request: Request) -> Resp
         n = await state.batcher.exclusive(_load_weights, state, model_path, target)
     except (ValueError, KeyError, OSError, SafetensorError) as e:  # SafetensorError: a corrupt file
         return _fail(f"Failed to update weights: {e}")
+    if flush:
+        await state.batcher.exclusive(state.engine.flush_cache)
     message = f"Succeeded to update model weights ({n} tensors from {model_path})."
     if version is not None:
         state.weight_version = version
@@ -229,7 +244,13 @@ async def update_weight_version(state: ServerState, request: Request) -> Respons
             },
             status_code=400,
         )
-    if body.get("abort_all_requests", True):
+    try:
+        abort_all = bool_field(body, "abort_all_requests", True, route="update_weight_version")
+    except ValueError as e:
+        return JSONResponse(
+            {"success": False, "message": f"Failed to update weight version: {e}"}, status_code=400
+        )
+    if abort_all:
         state.batcher.abort(abort_all=True, message="Aborted by update_weight_version.")
     state.weight_version = version
     return JSONResponse(

@@ -49,3 +49,17 @@ async def read_object(request: Request) -> dict:
 def error_response(message: str, status: int = 400) -> JSONResponse:
     """SGLang's handler error shape: `{"error": {"message": ...}}` with `status`."""
     return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def bool_field(body: dict, key: str, default: bool, *, route: str) -> bool:
+    """`body[key]` as a JSON boolean (`default` when absent or null).
+
+    Raises:
+        ValueError: the value is not `true` or `false` (`"no"`, 0, 1 are refused, not read as truthy).
+    """
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{route}: {key} must be true or false, got {value!r}")
+    return value

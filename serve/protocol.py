@@ -2,9 +2,12 @@ r"""SGLang 0.5.23's `/generate` body and response, parsed and built without touc
 
 Request (`../shared/reference/notes-sglang-http.md` §1.2): `input_ids` (one list, or a list of lists
 for a batch) or `text`, `sampling_params` (one dict for all items or one per item), `rid`,
-`return_logprob`, `return_sampling_mask`. Unknown top-level keys are ignored, as SGLang does; an
-unknown key inside `sampling_params` is the contract's 400 with serde's text (`unknown field
-\`foo\`, expected one of ...`). Known keys this engine cannot honour (penalties, stop strings,
+`return_logprob`, `return_sampling_mask`; `text` and `input_ids` together are a 400 (give one).
+An unknown key inside `sampling_params` is the contract's 400 with serde's text (`unknown field
+\`foo\`, expected one of ...`). An unknown top-level key is a 400 too, naming it: SGLang ignores
+it, so a misspelt `retrun_logprob` would silently give an answer without log-probs. Every field of
+`sglang.api.v1.GenerateRequest` (`GENERATE_KEYS`) and the Python-only fields SGLang's server reads
+(`PYTHON_ONLY_KEYS`) are known. Known keys this engine cannot honour (penalties, stop strings,
 grammars, `n > 1`, streaming, prompt log-probs) are refused with a 400 that names them rather than
 ignored, so a client never gets silently different sampling.
 
@@ -32,6 +35,24 @@ SAMPLING_KEYS: tuple[str, ...] = (
 )  # fmt: skip
 """`sglang.api.v1.SamplingParams`' fields, in the contract's order (its 400 text lists them so)."""
 
+GENERATE_KEYS: tuple[str, ...] = (
+    "rid", "text", "input_ids", "stream", "sampling_params", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "token_ids_logprob", "return_hidden_states", "return_text_in_logprobs",
+    "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
+    "routed_dp_rank", "disagg_prefill_dp_rank", "image_data", "mm_hashes", "video_data", "audio_data",
+    "extra_key", "priority", "cache_salt", "require_reasoning", "lora_path", "session_params", "kv_hints",
+    "routing_key", "max_thinking_tokens", "session_id", "custom_logit_processor", "custom_labels",
+    "images_config", "return_prompt_token_ids", "routed_experts_start_len", "return_sampling_mask",
+    "modalities",
+)  # fmt: skip
+"""`sglang.api.v1.GenerateRequest`'s fields, in the contract's order (tests/serve checks the list)."""
+PYTHON_ONLY_KEYS: tuple[str, ...] = (
+    "return_routed_experts", "return_indexer_topk", "sampling_logprobs_mode", "return_entropy",
+    "input_embeds",
+)  # fmt: skip
+"""Top-level keys SGLang's Python server reads that the generated contract does not list
+(`../shared/reference/notes-sglang-http.md` 1.2)."""
+
 _NEUTRAL = {
     "stop": (None, "", []), "stop_regex": (None, "", []), "min_p": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0),
@@ -45,7 +66,9 @@ _NEUTRAL = {
 _UNSUPPORTED_TOP = {"stream": (None, False), "logprob_start_len": (None, -1), "top_logprobs_num": (None, 0),
                     "token_ids_logprob": (None,), "return_hidden_states": (None, False),
                     "input_embeds": (None,), "image_data": (None,), "video_data": (None,),
-                    "audio_data": (None,), "lora_path": (None,)}  # fmt: skip
+                    "audio_data": (None,), "lora_path": (None,), "return_routed_experts": (None, False),
+                    "return_indexer_topk": (None, False), "return_entropy": (None, False),
+                    "sampling_logprobs_mode": (None,)}  # fmt: skip
 """Top-level keys whose non-default value asks for something this server does not produce."""
 
 TOP_K_ALL = 1 << 30
@@ -184,6 +207,11 @@ def _per_item(value: object, n: int, what: str) -> list:
 def _prompts(body: dict, tokenize) -> tuple[list[list[int]], bool]:
     """The body's prompts as token-id lists, and whether it is a batch."""
     ids = body.get("input_ids")
+    if ids is not None and body.get("text") is not None:
+        raise RequestError(
+            "give one of text and input_ids, not both (SGLang: Either text, input_ids or input_embeds "
+            "should be provided.)"
+        )
     if ids is None and body.get("text") is not None:
         text = body["text"]
         texts = text if isinstance(text, list) else [text]
@@ -222,6 +250,13 @@ def parse_generate(
     if not isinstance(body, dict):
         raise RequestError(
             f"invalid type: {serde_type(body)}, expected struct GenerateRequest", contract=True
+        )
+    unknown = [k for k in body if k not in GENERATE_KEYS and k not in PYTHON_ONLY_KEYS]
+    if unknown:
+        listed = ", ".join(f"`{k}`" for k in unknown)
+        raise RequestError(
+            f"unknown top-level key(s) {listed} in /generate; grpolab serve refuses keys it does not know "
+            f"rather than ignore them; expected some of {', '.join(GENERATE_KEYS + PYTHON_ONLY_KEYS)}"
         )
     _check_types(body, GENERATE_TYPES)
     for key, defaults in _UNSUPPORTED_TOP.items():

@@ -112,7 +112,7 @@ def start_server(model: Path, *extra: str) -> Server:
 
 
 def stop_server(server: Server) -> int:
-    """SIGTERM the server and return its exit code (uvicorn shuts down gracefully: 0)."""
+    """SIGTERM the server and return its exit code (143 after its graceful shutdown)."""
     server.proc.terminate()
     try:
         return server.proc.wait(timeout=30)

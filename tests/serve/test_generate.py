@@ -3,7 +3,6 @@ bitwise agreement with the in-process engine, and the 400s SGLang gives."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 
@@ -23,7 +22,7 @@ PROMPTS = [[1, 17, 33, 5], [9, 8], [100, 200, 300]]
 def server(tiny_model_dir):
     s = start_server(tiny_model_dir)
     yield s
-    assert stop_server(s) in (0, -signal.SIGTERM)  # uvicorn re-raises the SIGTERM it handled
+    assert stop_server(s) == 143  # 128 + SIGTERM, after the graceful shutdown
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +304,14 @@ def test_pause_abort_mode_aborts_the_queue(server, contract):
         ({"input_ids": [1.5, 2]}, "input_ids[0]: invalid type: floating point `1.5`, expected i64"),
         ({"input_ids": [3, True]}, "input_ids[1]: invalid type: boolean `true`, expected i64"),
         ({"input_ids": [[1], [2, 2.5]]}, "input_ids[1][1]: invalid type: floating point `2.5`, expected i64"),
+        # both were accepted, input_ids silently winning: give one
+        ({"input_ids": [1], "text": "1 + 1 ="}, "give one of text and input_ids, not both"),
+        # was ignored (SGLang ignores it): a misspelt return_logprob gave an answer without log-probs
+        (
+            {"input_ids": [1], "retrun_logprob": True},
+            "unknown top-level key(s) `retrun_logprob` in /generate",
+        ),
+        ({"input_ids": [1], "return_routed_experts": True}, "does not support return_routed_experts"),
     ],
 )
 def test_bad_requests_are_400_with_error(server, contract, body, expect):
@@ -412,3 +419,15 @@ def test_a_body_nested_too_deeply_is_a_400_that_says_so(server):
     assert info.value.code == 400
     assert json.loads(info.value.read())["error"].startswith("the request body nests JSON arrays or objects")
     assert server.call("/generate", {"input_ids": [1, 2]}).status == 200  # still serving
+
+
+def test_every_known_top_level_key_is_sglangs(server, contract):
+    """The keys /generate accepts are the contract's GenerateRequest fields (and SGLang's Python-only
+    ones): a field SGLang knows and this engine ignores (priority, extra_key) still answers."""
+    from grpolab.serve.protocol import GENERATE_KEYS
+
+    assert GENERATE_KEYS == tuple(contract.GenerateRequest.__struct_fields__)
+    body = {"input_ids": [1, 2], "priority": 3, "extra_key": "k", "return_routed_experts": False}
+    body["sampling_params"] = {"max_new_tokens": 2}
+    ans = server.call("/generate", body)
+    assert ans.status == 200 and len(ans.body["output_ids"]) >= 1, ans.text

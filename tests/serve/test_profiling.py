@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import signal
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ GENERATE = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
 def server(tiny_model_dir):
     s = start_server(tiny_model_dir)
     yield s
-    assert stop_server(s) in (0, -signal.SIGTERM)
+    assert stop_server(s) == 143  # 128 + SIGTERM, after the graceful shutdown
 
 
 def _decodes(path: Path) -> int:

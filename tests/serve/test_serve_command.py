@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
@@ -29,11 +30,76 @@ def test_missing_checkpoint_is_exit_2(tmp_path, capsys):
     assert err.startswith(f"grpolab serve: error: --hf-checkpoint: {tmp_path / 'empty'} ")
 
 
-def test_non_loopback_host_needs_api_key(tiny_model_dir, capsys):
+def test_non_loopback_host_needs_api_key(tiny_model_dir, capsys, monkeypatch):
+    monkeypatch.delenv("GRPOLAB_API_KEY", raising=False)
     assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--host", "0.0.0.0"]) == 2
-    assert "--host 0.0.0.0 is not a loopback address; it needs --api-key" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--host 0.0.0.0 is not a loopback address; it needs an API key (--api-key-file PATH, " in err
+    assert "$GRPOLAB_API_KEY or --api-key)" in err
     assert main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--host", "0.0.0.0", "--api-key", ""]) == 2
-    assert "it needs --api-key (an empty one was given)" in capsys.readouterr().err
+    assert "or --api-key) (an empty one was given)" in capsys.readouterr().err
+
+
+def test_the_key_comes_from_a_file_or_the_environment_too(tmp_path, monkeypatch):
+    """`--api-key KEY` shows in every process listing: a file or GRPOLAB_API_KEY keep it out."""
+    from grpolab.cli import build_parser
+    from grpolab.serve.command import redacted_command, resolve_api_key
+
+    monkeypatch.delenv("GRPOLAB_API_KEY", raising=False)
+    key_file = tmp_path / "key"
+    key_file.write_text("  s3cret-from-file \n")
+    parse = lambda *a: build_parser().parse_args(["serve", "--hf-checkpoint", "m", *a])  # noqa: E731
+    assert resolve_api_key(parse("--api-key-file", str(key_file))) == "s3cret-from-file"
+    assert resolve_api_key(parse(), {"GRPOLAB_API_KEY": "from-env"}) == "from-env"
+    assert resolve_api_key(parse("--api-key", "flag"), {"GRPOLAB_API_KEY": "from-env"}) == "flag"
+    assert (
+        resolve_api_key(parse("--api-key-file", str(key_file)), {"GRPOLAB_API_KEY": "env"})
+        == "s3cret-from-file"
+    )
+    assert resolve_api_key(parse(), {}) is None
+    bad = [
+        (
+            ("--api-key", "k", "--api-key-file", str(key_file)),
+            {},
+            "--api-key and --api-key-file: give one of them",
+        ),
+        (
+            ("--api-key-file", str(tmp_path / "absent")),
+            {},
+            f"--api-key-file {tmp_path / 'absent'}: cannot read it",
+        ),
+        (("--api-key-file", str(tmp_path)), {}, f"--api-key-file {tmp_path}: cannot read it"),
+        ((), {"GRPOLAB_API_KEY": " "}, "$GRPOLAB_API_KEY is set but empty"),
+    ]
+    (tmp_path / "empty").write_text("\n")
+    bad.append((("--api-key-file", str(tmp_path / "empty")), {}, "the file is empty"))
+    for flags, env, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            resolve_api_key(parse(*flags), env)
+    assert redacted_command(["grpolab", "serve", "--api-key", "k1", "--api-key=k2", "--port", "1"]) == (
+        "grpolab serve --api-key REDACTED --api-key=REDACTED --port 1"
+    )
+
+
+def test_a_bad_key_source_is_exit_2_and_a_key_in_the_environment_counts(
+    tiny_model_dir, capsys, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("GRPOLAB_API_KEY", "")
+    assert main(["serve", "--hf-checkpoint", str(tiny_model_dir)]) == 2
+    assert "$GRPOLAB_API_KEY is set but empty" in capsys.readouterr().err
+    monkeypatch.setenv("GRPOLAB_API_KEY", "from-env")
+    taken = socket.socket()
+    taken.bind(("0.0.0.0", 0))
+    port = taken.getsockname()[1]
+    try:  # past the host rule (the key counts) to the port check, before any model loads
+        assert (
+            main(["serve", "--hf-checkpoint", str(tiny_model_dir), "--host", "0.0.0.0", "--port", str(port)])
+            == 2
+        )
+    finally:
+        taken.close()
+    err = capsys.readouterr().err
+    assert f"--port {port} on 0.0.0.0 cannot be bound" in err and "from-env" not in err
 
 
 def test_missing_flag_and_bad_dtype(tiny_model_dir, capsys):

@@ -25,7 +25,7 @@ def test_sigterm_with_a_held_request_stops_the_server_and_answers_it_with_an_abo
             time.sleep(0.05)
         start = time.monotonic()
         code = stop_server(s)  # SIGTERM, waits up to 30 s
-        assert code in (0, -signal.SIGTERM) and time.monotonic() - start < 10
+        assert code == 143 and time.monotonic() - start < 10
         client.join(timeout=10)
     finally:
         if s.proc.poll() is None:
@@ -33,3 +33,15 @@ def test_sigterm_with_a_held_request_stops_the_server_and_answers_it_with_an_abo
     assert len(answers) == 1 and answers[0].status == 200
     reason = answers[0].body["meta_info"]["finish_reason"]
     assert reason["type"] == "abort" and "shutting down" in reason["message"]
+
+
+def test_ctrl_c_and_sigterm_exit_130_and_143_with_one_line(tiny_model_dir):
+    """Ctrl+C died by the re-raised SIGINT with a KeyboardInterrupt traceback (and SIGTERM by the
+    signal): now 128 + the signal's number, as `grpolab train`, and one line saying which."""
+    for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        s = start_server(tiny_model_dir)
+        s.proc.send_signal(sig)
+        rest, _ = s.proc.communicate(timeout=30)
+        assert s.proc.returncode == code, rest
+        assert rest.strip().splitlines()[-1] == f"grpolab serve: stopped by {sig.name}"
+        assert "Traceback" not in rest
