@@ -47,11 +47,21 @@ GENERATE_KEYS: tuple[str, ...] = (
 )  # fmt: skip
 """`sglang.api.v1.GenerateRequest`'s fields, in the contract's order (tests/serve checks the list)."""
 PYTHON_ONLY_KEYS: tuple[str, ...] = (
-    "return_routed_experts", "return_indexer_topk", "sampling_logprobs_mode", "return_entropy",
-    "input_embeds",
+    "input_embeds", "mm_content_hashes", "use_audio_in_video", "video_config", "watermark",
+    "sampling_logprobs_mode", "return_flat_raw_top_logprobs", "return_flat_raw_output_top_logprobs",
+    "return_flat_raw_top_logprobs_b64", "log_metrics", "return_routed_experts", "return_indexer_topk",
+    "lora_id", "positional_embed_overrides", "data_parallel_rank", "conversation_id", "http_worker_ipc",
+    "background", "no_logs", "return_bytes", "return_entropy", "external_trace_header", "received_time",
+    "need_wait_for_mm_inputs", "num_items_assigned", "encoder_urls", "max_dynamic_patch",
+    "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch", "mm_processor_kwargs",
+    "multi_item_delimiter_indices", "token_indices_to_pool",
+    "model",
 )  # fmt: skip
-"""Top-level keys SGLang's Python server reads that the generated contract does not list
-(`../shared/reference/notes-sglang-http.md` 1.2)."""
+"""Top-level keys SGLang 0.5.23's stack sends that the generated contract does not list: the other
+fields of its Python `GenerateReqInput` (`srt/managers/io_struct.py`, in its order), and `model`,
+which sglang-router 0.3.2 adds to every /generate it forwards (with `log_metrics`, `background`,
+`no_logs`, `return_bytes`). Accepted; those that ask for output this server does not produce are
+refused by value (`_UNSUPPORTED_TOP`)."""
 
 _NEUTRAL = {
     "stop": (None, "", []), "stop_regex": (None, "", []), "min_p": (None, 0, 0.0),

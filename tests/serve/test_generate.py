@@ -424,9 +424,17 @@ def test_a_body_nested_too_deeply_is_a_400_that_says_so(server):
 def test_every_known_top_level_key_is_sglangs(server, contract):
     """The keys /generate accepts are the contract's GenerateRequest fields (and SGLang's Python-only
     ones): a field SGLang knows and this engine ignores (priority, extra_key) still answers."""
-    from grpolab.serve.protocol import GENERATE_KEYS
+    import re
+    from pathlib import Path
+
+    from grpolab.serve.protocol import GENERATE_KEYS, PYTHON_ONLY_KEYS
 
     assert GENERATE_KEYS == tuple(contract.GenerateRequest.__struct_fields__)
+    io_struct = (Path(contract.__file__).parents[2] / "srt" / "managers" / "io_struct.py").read_text()
+    fields = io_struct[io_struct.index("class GenerateReqInput:") :]
+    python = re.findall(r"(?m)^    ([a-z_][a-z0-9_]*)\s*:", fields[: fields.index("\n    def ")])
+    assert [k for k in python if k not in GENERATE_KEYS] == list(PYTHON_ONLY_KEYS[:-1])  # then the router's
+    assert PYTHON_ONLY_KEYS[-1] == "model"
     body = {"input_ids": [1, 2], "priority": 3, "extra_key": "k", "return_routed_experts": False}
     body["sampling_params"] = {"max_new_tokens": 2}
     ans = server.call("/generate", body)
