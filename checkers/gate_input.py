@@ -12,6 +12,7 @@ from typing import Any
 
 from grpolab.checkers import step0
 from grpolab.rundir import reader
+from grpolab.rundir.completion import COMPLETE_STATUS, run_completion
 from grpolab.rundir.foreign_logs import MetricRecord, parse_file
 
 
@@ -48,25 +49,13 @@ class RunMetrics:
 
 
 def _no_step_reason(run_dir: Path) -> str:
-    """Why a run directory holds no `step` record, from its status (`reader.run_status`) and its
-    final status event's "error": failed (with that error), interrupted, crashed (no final status),
-    still running, or finished without training (`--debug-rollout-only`)."""
-    status = reader.run_status(run_dir)
-    event = reader.final_status_event(run_dir) or {}
-    rollout = f" (at rollout {event['rollout_id']})" if isinstance(event.get("rollout_id"), int) else ""
-    if status == "failed":
-        why = event.get("error") or "no error recorded"
-        return f"the run failed before its first step{rollout}: {why}"
-    if status == "interrupted":
-        return f"the run was interrupted before its first step{rollout}"
-    if status == "running":
-        return "the run has not reached its first step yet (it is still running)"
-    if status == "crashed":
-        return (
-            "the run stopped before its first step without a final status event (killed or crashed; "
-            f"see {run_dir / reader.CONSOLE_LOG})"
-        )
-    return "the run finished without a training step (a --debug-rollout-only run does not train)"
+    """Why a run directory holds no `step` record, from its completion (`rundir.completion`: failed
+    with its error, interrupted, crashed, still running), or a finished run that did not train
+    (`--debug-rollout-only`)."""
+    done = run_completion(run_dir, [])
+    if done.status == COMPLETE_STATUS:
+        return "the run finished without a training step (a --debug-rollout-only run does not train)"
+    return f"the run never reached its first step: {done.reason}"
 
 
 def _read_records(p: Path, fmt: str) -> list[MetricRecord]:
@@ -95,7 +84,7 @@ def load_run(path: str | Path) -> RunMetrics:
     Raises:
         GateInputError: the path is missing or unreadable, a directory is not a run directory, or
             the input holds no `step` record (for a run directory: why, from its status, e.g. "the
-            run failed before its first step: <its status event's error>").
+            run never reached its first step: it failed at rollout 0: <its error>").
     """
     p = Path(path)
     if p.is_dir():

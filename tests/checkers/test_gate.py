@@ -366,20 +366,22 @@ def test_a_run_failed_before_its_first_step_says_so_and_why(
     assert not (reward_run / "metrics.jsonl").exists() and (train_run / "metrics.jsonl").exists()
     code, out, err = run(capsys, str(reward_run))
     assert code == 2 and out == "" and "cannot read" not in err
-    head = f"grpolab gate: error: no step record in {reward_run}: the run failed before its first step"
-    assert err.startswith(head + " (at rollout 0): ")  # then the status event's error, quoted whole:
+    head = f"grpolab gate: error: no step record in {reward_run}: the run never reached its first step"
+    assert err.startswith(head + ": it failed at rollout 0: ")  # then the status event's error, quoted whole:
     error = json.loads((reward_run / "events.jsonl").read_text().splitlines()[-1])["error"]
-    assert "reward" in error and "verifier crashed" in error and f"(at rollout 0): {error}; nothing" in err
+    assert "reward" in error and "verifier crashed" in error and f"at rollout 0: {error}; nothing" in err
     assert err.rstrip().endswith("; nothing to judge")
     code, _, err = run(capsys, str(train_run / "metrics.jsonl"))
-    assert code == 2 and f"no step record in {train_run}: the run failed before its first step" in err
+    assert (
+        code == 2 and f"no step record in {train_run}: the run never reached its first step: it failed" in err
+    )
     assert "InjectedFault: injected fault: raise_in_train on rank 0 at rollout 0" in err
     code, out, _ = run(capsys, str(early_failures["train"]), "--json")
     doc = json.loads(out)
-    assert code == 2 and doc["exit_code"] == 2 and "failed before its first step" in doc["error"]
+    assert code == 2 and doc["exit_code"] == 2 and "never reached its first step: it failed" in doc["error"]
     # a baseline that failed early is named the same way
     code, _, err = run(capsys, OK, "--baseline", str(reward_run), "--gap-range", "auto")
-    assert code == 2 and f"no step record in {reward_run}: the run failed" in err
+    assert code == 2 and f"no step record in {reward_run}: the run never reached its first step" in err
 
 
 def test_a_run_without_a_final_status_and_no_step_is_crashed_or_interrupted(
@@ -394,14 +396,14 @@ def test_a_run_without_a_final_status_and_no_step_is_crashed_or_interrupted(
     old["heartbeat"]["time"] -= 3600  # its heartbeat an hour old: not running any more
     (killed / "ranks" / "0.json").write_text(json.dumps(old))
     code, _, err = run(capsys, str(killed))
-    assert code == 2 and "the run stopped before its first step without a final status event" in err
+    assert code == 2 and "never reached its first step: it stopped without a final status event" in err
     assert str(killed / "console.log") in err
     last = json.loads(events[-1])
     (killed / "events.jsonl").write_text(
         "\n".join([*events[:-1], json.dumps({**last, "status": "interrupted", "error": None})]) + "\n"
     )
     code, _, err = run(capsys, str(killed))
-    assert code == 2 and "the run was interrupted before its first step (at rollout 0)" in err
+    assert code == 2 and "never reached its first step: it was interrupted at rollout 0" in err
 
 
 # --- the status row: a run that failed, crashed or ran short does not pass ------------------------
