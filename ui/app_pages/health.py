@@ -70,7 +70,9 @@ if run is not None:
     frame = store.frame(run)
     clip, groups = _settings(store.read_config(run))
     done = store.completion(run)
-    if done is not None and not done.complete:  # the rule of `grpolab gate`'s status row
+    if done is not None and done.status == "running":  # not over yet: said, not an alarm
+        st.info(f"Run status: {done.describe()}. `grpolab gate` fails a run until it finishes.")
+    elif done is not None and not done.complete:  # the rule of `grpolab gate`'s status row
         st.error(f"Run status: {done.describe()}. `grpolab gate` fails this run (its status row).")
     elif done is not None:
         st.success(f"Run status: {done.describe()}.")
