@@ -11,22 +11,18 @@ from starlette.responses import JSONResponse, Response
 
 from grpolab.core.engine.base import SamplingParams
 from grpolab.serve.http import error_response, read_json
-from grpolab.serve.protocol import (
-    GenerateItem,
-    RequestError,
-    abort_response,
-    check_fits,
-    generate_response,
-    parse_generate,
-)
+from grpolab.serve.protocol import GenerateItem, RequestError, check_fits, parse_generate
+from grpolab.serve.responses import abort_response, generate_response
 from grpolab.serve.state import ServerState
+from grpolab.serve.stops import cut_result, find_stop
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
 """How long `/health_generate` waits for its one-token generation (SGLang's HEALTH_CHECK_TIMEOUT)."""
 
 
 async def run_items(state: ServerState, items: list[GenerateItem]) -> list[dict]:
-    """Generate `items` through the batcher; one SGLang response dict each (aborted ones included).
+    """Generate `items` through the batcher; one SGLang response dict each (aborted ones included),
+    cut at an item's first stop string (`serve/stops.py`).
 
     Raises:
         RequestError: a prompt with a token id outside the vocabulary or too long for the context
@@ -48,11 +44,23 @@ async def run_items(state: ServerState, items: list[GenerateItem]) -> list[dict]
         if isinstance(result, str):
             out.append(abort_response(item, result, weight_version=state.weight_version))
             continue
-        text = state.tokenizer.decode(result.response_ids, skip_special_tokens=item.skip_special_tokens)
+
+        def decode(ids, skip=item.skip_special_tokens) -> str:
+            return state.tokenizer.decode(list(ids), skip_special_tokens=skip)
+
+        cut = (
+            find_stop(result.response_ids, decode, item.stop, no_stop_trim=item.no_stop_trim)
+            if item.stop
+            else None
+        )
+        if cut is not None:
+            result, text = cut_result(result, cut.keep), cut.text
+        else:
+            text = decode(result.response_ids)
         out.append(
             generate_response(
                 item, result, weight_version=state.weight_version, text=text,
-                vocab_size=state.vocab_size, seconds=seconds,
+                vocab_size=state.vocab_size, seconds=seconds, matched_stop=cut.matched if cut else None,
             )
         )  # fmt: skip
     return out

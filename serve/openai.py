@@ -1,10 +1,11 @@
 """OpenAI-compatible `/v1/models` and `/v1/chat/completions`, for pointing an agent at the live policy.
 
 Chat prompts go through the checkpoint's chat template (`apply_chat_template`, generation prompt
-added) and then the same batcher as `/generate`, so chat requests batch with rollout requests and
-run on the current weights (`metadata.weight_version` says which, as SGLang adds it). Supported:
-`messages`, `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `seed`; only
-`n == 1`, no streaming; other OpenAI fields (`stop` strings, penalties, tools) are ignored.
+added, the request's `tools` and `chat_template_kwargs` passed to it) and then the same batcher as
+`/generate`, so chat requests batch with rollout requests and run on the current weights
+(`metadata.weight_version` says which, as SGLang adds it). What a body may hold and what this
+engine honours: `chat_request.py`; the answer's shape (log-probs, token ids, meta_info, tool calls,
+the event stream): `chat_response.py`.
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ import time
 
 from jinja2 import TemplateError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from grpolab.serve.chat_request import ChatRequest, parse_chat
+from grpolab.serve.chat_response import TokenText, choice, stream_events, usage
 from grpolab.serve.generation import run_items
 from grpolab.serve.http import error_response, read_object
-from grpolab.serve.protocol import GenerateItem, RequestError, parse_sampling
+from grpolab.serve.protocol import DEFAULT_SEED, GenerateItem, RequestError
 from grpolab.serve.state import ServerState
-
-DEFAULT_MAX_TOKENS = 128
-"""New tokens when a chat request names no limit (SGLang's `max_new_tokens` default)."""
 
 
 async def list_models(state: ServerState, request: Request) -> Response:
@@ -38,46 +38,18 @@ async def list_models(state: ServerState, request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [card]})
 
 
-def _chat_sampling(body: dict) -> dict:
-    """OpenAI chat fields -> an SGLang `sampling_params` dict (validated later by `parse_sampling`).
+def template_ids(state: ServerState, messages: list, *, tools: list | None = None, **kwargs) -> list[int]:
+    """The chat-templated prompt ids of `messages` (generation prompt added).
 
     Raises:
-        RequestError: streaming, n != 1, or a non-integer max_tokens.
+        RequestError: the chat template fails on them (naming the checkpoint and the template's error).
     """
-    if body.get("stream"):
-        raise RequestError("grpolab serve does not stream; send stream: false")
-    if body.get("n", 1) != 1:
-        raise RequestError(f"grpolab serve answers n = 1 only, got n = {body.get('n')!r}")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens")) or DEFAULT_MAX_TOKENS
-    sp: dict = {"max_new_tokens": max_tokens}
-    for ours, theirs in (
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("top_k", "top_k"),
-        ("sampling_seed", "seed"),
-    ):
-        if body.get(theirs) is not None:
-            sp[ours] = body[theirs]
-    return sp
-
-
-def _prompt_ids(state: ServerState, messages: object) -> list[int]:
-    """The chat-templated prompt ids of `messages` (a list of {role, content}).
-
-    Raises:
-        RequestError: messages missing or malformed (a message without a string `role` or without
-            `content`, a string or a list of parts), or the chat template fails on them.
-    """
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise RequestError("messages must be a non-empty list of {role, content} objects")
-    for i, m in enumerate(messages):
-        if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), (str, list)):
-            raise RequestError(
-                f"messages[{i}] must have a string role and a content (a string or a list of parts), "
-                f"got {sorted(m)}"
-            )
+    if tools:
+        kwargs["tools"] = tools
     try:
-        ids = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = state.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, **kwargs
+        )
     except (ValueError, TypeError, KeyError, TemplateError) as e:
         raise RequestError(f"cannot apply the chat template of {state.settings.model_path}: {e}") from e
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
@@ -85,45 +57,74 @@ def _prompt_ids(state: ServerState, messages: object) -> list[int]:
     return [int(t) for t in ids]
 
 
-async def chat_completions(state: ServerState, request: Request) -> Response:
-    """One chat completion in OpenAI's shape (`chat.completion`), plus `metadata.weight_version`."""
-    body = await read_object(request)
-    params, seed, skip = parse_sampling(
-        _chat_sampling(body), eos_ids=state.eos_ids, deterministic=state.settings.deterministic
-    )
-    rid = f"chatcmpl-{secrets.token_hex(12)}"
-    item = GenerateItem(
-        rid=rid,
-        prompt_ids=_prompt_ids(state, body.get("messages")),
-        params=params,
-        seed=seed,
-        skip_special_tokens=skip,
-    )
+def choice_items(state: ServerState, req: ChatRequest, prompt_ids: list[int], rid: str) -> list[GenerateItem]:
+    """One `GenerateItem` per choice (`rid_<i>`), sharing the prompt (prefilled once by the engine).
+
+    Choice i samples with seed `seed + i` when the request gave a seed (or the server is
+    deterministic: SGLang's default seed 42 + i), else with a fresh random seed each.
+    """
+    s = req.sampling
+    seeded = req.seed_given or state.settings.deterministic
+    base = s.seed if req.seed_given else DEFAULT_SEED
+    return [
+        GenerateItem(
+            rid=f"{rid}_{i}" if req.n > 1 else rid,
+            prompt_ids=prompt_ids,
+            params=s.params,
+            seed=(base + i) % (1 << 63) if seeded else secrets.randbits(63),
+            return_logprob=req.logprobs or req.return_meta_info,
+            skip_special_tokens=s.skip_special_tokens,
+            stop=s.stop,
+            no_stop_trim=s.no_stop_trim,
+        )
+        for i in range(req.n)
+    ]
+
+
+async def answer_chat(
+    state: ServerState, req: ChatRequest, prompt_ids: list[int]
+) -> tuple[Response, list[dict]]:
+    """Generate the request's choices on `prompt_ids` and answer in OpenAI's shape (JSON or events);
+    also return the `/generate` answers (a session records them).
+
+    Raises:
+        RequestError: the prompt does not fit the context or holds an id outside the vocabulary.
+    """
+    rid = req.rid or f"chatcmpl-{secrets.token_hex(12)}"
     try:
-        (out,) = await run_items(state, [item])
-    except RuntimeError as e:
-        return error_response(str(e))
-    meta = out["meta_info"]
-    finish = meta["finish_reason"]["type"]
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": out["text"]},
-        "finish_reason": {"stop": "stop", "length": "length"}.get(finish, "abort"),
-        "logprobs": None,
+        outs = await run_items(state, choice_items(state, req, prompt_ids, rid))
+    except (RuntimeError, ValueError) as e:  # memory released, the engine failed, non-finite log-probs
+        return error_response(str(e)), []
+    token_text = TokenText(state.tokenizer)
+    created = int(time.time())
+    if req.stream:
+
+        def decode(ids: list[int]) -> str:
+            return state.tokenizer.decode(ids, skip_special_tokens=req.sampling.skip_special_tokens)
+
+        events = stream_events(req, rid, created, state.model_name, outs, len(prompt_ids), token_text, decode)
+        return StreamingResponse(events, media_type="text/event-stream"), outs
+    body = {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": state.model_name,
+        "choices": [choice(req, i, out, prompt_ids, token_text) for i, out in enumerate(outs)],
+        "usage": usage(outs, len(prompt_ids)),
+        "metadata": {"weight_version": state.weight_version},
     }
-    usage = {
-        "prompt_tokens": meta["prompt_tokens"],
-        "completion_tokens": meta["completion_tokens"],
-        "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
-    }
-    return JSONResponse(
-        {
-            "id": rid,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": state.model_name,
-            "choices": [choice],
-            "usage": usage,
-            "metadata": {"weight_version": meta["weight_version"]},
-        }
+    return JSONResponse(body), outs
+
+
+async def chat_completions(state: ServerState, request: Request) -> Response:
+    """`/v1/chat/completions`: n choices in OpenAI's shape (`chat.completion`, or its event stream)."""
+    req = parse_chat(
+        await read_object(request), eos_ids=state.eos_ids, deterministic=state.settings.deterministic
     )
+    if req.input_ids is not None:
+        prompt_ids = req.input_ids
+    else:
+        assert req.messages is not None
+        prompt_ids = template_ids(state, req.messages, tools=req.tools, **req.chat_template_kwargs)
+    response, _ = await answer_chat(state, req, prompt_ids)
+    return response

@@ -23,8 +23,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from grpolab.core.engine.base import GenerationResult, SamplingParams
+from grpolab.core.engine.base import SamplingParams
 from grpolab.serve.field_types import GENERATE_TYPES, SAMPLING_TYPES, serde_type, type_error
+from grpolab.serve.stops import stop_strings
 
 SAMPLING_KEYS: tuple[str, ...] = (
     "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
@@ -64,7 +65,7 @@ which sglang-router 0.3.2 adds to every /generate it forwards (with `log_metrics
 refused by value (`_UNSUPPORTED_TOP`)."""
 
 _NEUTRAL = {
-    "stop": (None, "", []), "stop_regex": (None, "", []), "min_p": (None, 0, 0.0),
+    "stop_regex": (None, "", []), "min_p": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0),
     "repetition_penalty": (None, 1, 1.0), "min_new_tokens": (None, 0), "n": (None, 1),
     "json_schema": (None,), "regex": (None,), "ebnf": (None,), "structural_tag": (None,),
@@ -73,7 +74,7 @@ _NEUTRAL = {
 }  # fmt: skip
 """Known sampling keys this engine cannot honour, and the values that mean "off" (accepted)."""
 
-_UNSUPPORTED_TOP = {"stream": (None, False), "logprob_start_len": (None, -1), "top_logprobs_num": (None, 0),
+_UNSUPPORTED_TOP = {"stream": (None, False), "logprob_start_len": (None, -1),
                     "token_ids_logprob": (None,), "return_hidden_states": (None, False),
                     "input_embeds": (None,), "image_data": (None,), "video_data": (None,),
                     "audio_data": (None,), "lora_path": (None,), "return_routed_experts": (None, False),
@@ -109,8 +110,11 @@ class GenerateItem:
         prompt_ids: prompt token ids (non-empty).
         params: the engine's sampling settings (stop ids include the model's EOS unless ignore_eos).
         seed: the sample's sampling seed (int64 range).
-        return_logprob / return_sampling_mask: what the response carries.
+        return_logprob / return_sampling_mask: what the response carries (`params.top_logprobs_num`
+            > 0 adds `output_top_logprobs`).
         skip_special_tokens: whether `text` drops special tokens (SGLang default True).
+        stop: stop strings (`serve/stops.py` cuts the answer after the first one).
+        no_stop_trim: the text keeps the matched stop string.
     """
 
     rid: str
@@ -120,6 +124,19 @@ class GenerateItem:
     return_logprob: bool = False
     return_sampling_mask: bool = False
     skip_special_tokens: bool = True
+    stop: tuple[str, ...] = ()
+    no_stop_trim: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParsedSampling:
+    """One request's `sampling_params`, parsed: what `GenerateItem` takes from them."""
+
+    params: SamplingParams
+    seed: int
+    skip_special_tokens: bool
+    stop: tuple[str, ...]
+    no_stop_trim: bool
 
 
 def _is_one_of(value: object, allowed: tuple) -> bool:
@@ -154,9 +171,12 @@ def _int_list(v: object, what: str) -> list[int]:
 
 
 def parse_sampling(
-    sp: object, *, eos_ids: tuple[int, ...], deterministic: bool
-) -> tuple[SamplingParams, int, bool]:
-    """One `sampling_params` dict -> (engine SamplingParams, seed, skip_special_tokens).
+    sp: object, *, eos_ids: tuple[int, ...], deterministic: bool, top_logprobs_num: int = 0
+) -> ParsedSampling:
+    """One `sampling_params` dict -> the engine's SamplingParams, seed, stop strings, text rules.
+
+    Args:
+        top_logprobs_num: the request's top-level `top_logprobs_num` (0-20), put in the params.
 
     Raises:
         RequestError: not a dict, an unknown key (serde's text), a wrong type, a value out of
@@ -195,14 +215,42 @@ def parse_sampling(
         seed = DEFAULT_SEED if deterministic else secrets.randbits(63)
     elif not -(2**63) <= seed < 2**63:
         raise RequestError(f"sampling_seed must be an integer in [-2**63, 2**63 - 1], got {seed!r}")
+    try:
+        stop = stop_strings(sp.get("stop"), "sampling_params.stop")
+    except ValueError as e:
+        raise RequestError(str(e)) from e
     params = SamplingParams(
         temperature=temperature,
         top_p=top_p,
         top_k=0 if top_k == -1 or top_k >= TOP_K_ALL else top_k,
         max_new_tokens=max_new,
         stop_token_ids=tuple(sorted(stops)),
+        top_logprobs_num=top_logprobs_num,
     )
-    return params, seed, sp.get("skip_special_tokens") is not False
+    return ParsedSampling(
+        params=params,
+        seed=seed,
+        skip_special_tokens=sp.get("skip_special_tokens") is not False,
+        stop=stop,
+        no_stop_trim=sp.get("no_stop_trim") is True,
+    )
+
+
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token a request may ask for (OpenAI's `top_logprobs` bound)."""
+
+
+def top_logprobs_count(value: object, what: str) -> int:
+    """A request's top-alternatives count (null: 0) as an int in [0, MAX_TOP_LOGPROBS].
+
+    Raises:
+        RequestError: not an integer, or out of range; the message names `what`.
+    """
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"{what} must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}")
+    return value
 
 
 def _per_item(value: object, n: int, what: str) -> list:
@@ -284,13 +332,17 @@ def parse_generate(
     sps = _per_item(body.get("sampling_params"), n, "sampling_params")
     logprob = _per_item(body.get("return_logprob"), n, "return_logprob")
     mask = _per_item(body.get("return_sampling_mask"), n, "return_sampling_mask")
+    top_n = _per_item(body.get("top_logprobs_num"), n, "top_logprobs_num")
     items = []
     for i in range(n):
-        params, seed, skip = parse_sampling(sps[i], eos_ids=eos_ids, deterministic=deterministic)
+        k = top_logprobs_count(top_n[i], "top_logprobs_num")
+        sampling = parse_sampling(sps[i], eos_ids=eos_ids, deterministic=deterministic, top_logprobs_num=k)
         items.append(
             GenerateItem(
-                rid=rids[i], prompt_ids=prompts[i], params=params, seed=seed,
-                return_logprob=logprob[i] is True, return_sampling_mask=mask[i] is True, skip_special_tokens=skip,
+                rid=rids[i], prompt_ids=prompts[i], params=sampling.params, seed=sampling.seed,
+                return_logprob=logprob[i] is True or k > 0, return_sampling_mask=mask[i] is True,
+                skip_special_tokens=sampling.skip_special_tokens, stop=sampling.stop,
+                no_stop_trim=sampling.no_stop_trim,
             )
         )  # fmt: skip
     return items, batch
@@ -325,79 +377,3 @@ def check_fits(item: GenerateItem, *, vocab_size: int, context_len: int) -> None
             f"{max_new} tokens for the completion. Please reduce the number of tokens in the input "
             "messages or the completion to fit within the limit."
         )
-
-
-def finish_reason_json(result: GenerationResult, params: SamplingParams) -> dict:
-    """SGLang's tagged finish reason: stop with the matched token id, or length with the limit."""
-    if result.finish_reason == "stop":
-        return {"type": "stop", "matched": result.response_ids[-1]}
-    return {"type": "length", "length": params.max_new_tokens}
-
-
-def generate_response(
-    item: GenerateItem,
-    result: GenerationResult,
-    *,
-    weight_version: str,
-    text: str,
-    vocab_size: int,
-    seconds: float,
-) -> dict:
-    """One `/generate` answer in SGLang's shape (`GenerateResponse`), meta_info included.
-
-    Log-probs are float32 values written as JSON doubles (exact: float32 -> float64 -> repr round-trips).
-    `output_token_sampling_mask` lists each token's kept ids ascending (the whole vocabulary when no
-    top-p/top-k filtering applied); `output_token_sampling_logprobs` is each token's behaviour log-prob.
-
-    Raises:
-        ValueError: log-probs are asked for and some are NaN or infinite (JSON has no such numbers;
-            the answer was an HTTP 500 without a word): the message says where to look.
-    """
-    ids = list(result.response_ids)
-    n = len(ids)
-    wants_floats = item.return_logprob or item.return_sampling_mask
-    if wants_floats and n and not bool(result.log_probs.isfinite().all()):
-        bad = int((~result.log_probs.isfinite()).sum())
-        raise ValueError(
-            f"request {item.rid}: {bad} of its {n} log-probs are NaN or infinite (the engine's weights "
-            "may hold non-finite values: /weights_checker checksum, or the last /update_weights_from_disk)"
-        )
-    meta: dict = {
-        "id": item.rid,
-        "finish_reason": finish_reason_json(result, item.params),
-        "prompt_tokens": len(item.prompt_ids),
-        "completion_tokens": n,
-        "cached_tokens": 0,
-        "e2e_latency": seconds,
-        "weight_version": weight_version,
-        "weight_versions": [{"version": weight_version, "start": 0, "end": n}],
-    }
-    logps = result.log_probs.tolist()
-    if item.return_logprob:
-        meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(logps, ids)]
-        meta["output_token_logprobs_length"] = n
-    if item.return_sampling_mask:
-        if result.kept_token_ids is not None:
-            masks = [k.tolist() for k in result.kept_token_ids]
-        else:
-            masks = [list(range(vocab_size)) for _ in ids]
-        meta["output_token_sampling_mask"] = masks
-        meta["output_token_sampling_logprobs"] = logps
-        meta["output_token_sampling_mask_length"] = len(masks)
-    return {"text": text, "output_ids": ids, "meta_info": meta}
-
-
-def abort_response(item: GenerateItem, message: str, *, weight_version: str) -> dict:
-    """The answer for a request aborted before it ran: no tokens, `finish_reason` type abort."""
-    meta = {
-        "id": item.rid,
-        "finish_reason": {"type": "abort", "message": message, "status_code": None, "err_type": None},
-        "prompt_tokens": len(item.prompt_ids),
-        "completion_tokens": 0,
-        "cached_tokens": 0,
-        "weight_version": weight_version,
-        "weight_versions": [{"version": weight_version, "start": 0, "end": 0}],
-    }
-    if item.return_logprob:
-        meta["output_token_logprobs"] = []
-    return {"text": "", "output_ids": [], "meta_info": meta}

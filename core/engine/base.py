@@ -42,6 +42,9 @@ class SamplingParams:
         top_k: keep the k most likely tokens; 0 (or < 0) disables.
         max_new_tokens: `--rollout-max-response-len`, in tokens.
         stop_token_ids: generation of a sample ends after it emits one of these (finish "stop").
+        top_logprobs_num: also return, per generated token, the k most likely tokens of the
+            distribution it was sampled from (SGLang's `top_logprobs_num`; 0: none). Sampling is
+            unchanged by it.
     """
 
     temperature: float = 1.0
@@ -49,6 +52,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
+    top_logprobs_num: int = 0
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -57,6 +61,8 @@ class SamplingParams:
             raise ValueError(f"--rollout-top-p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"--rollout-max-response-len must be >= 1, got {self.max_new_tokens}")
+        if self.top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
 
     @property
     def filters_support(self) -> bool:
@@ -84,6 +90,9 @@ class GenerationResult:
         kept_token_ids: when top-p/top-k filtered the support, one sorted int64 tensor per
             generated token holding the kept vocabulary ids; None otherwise.
         weight_version: the engine's weight version when this sample was generated.
+        top_log_probs: with `SamplingParams.top_logprobs_num` k > 0, (float32 [R, k] log-probs,
+            int64 [R, k] token ids) of each step's k most likely tokens, descending; an entry
+            outside the kept support has log-prob -inf. None otherwise.
     """
 
     response_ids: list[int]
@@ -91,6 +100,7 @@ class GenerationResult:
     finish_reason: FinishReason
     kept_token_ids: list[torch.Tensor] | None = None
     weight_version: int = 0
+    top_log_probs: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -207,6 +207,9 @@ class TorchEngine:
         rows_A = torch.arange(B, device=dev)
         alive = [True] * B  # indexed by decode-batch position
         kept_steps: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+        K = min(params.top_logprobs_num, V)
+        top_v_BTK = torch.full((B, T, K), float("-inf"), dtype=torch.float32, device=dev) if K else None
+        top_i_BTK = torch.zeros((B, T, K), dtype=torch.long, device=dev) if K else None
 
         bar = tqdm(total=T, desc="rollout", disable=None if self.show_progress else True, leave=False)
         try:
@@ -218,6 +221,9 @@ class TorchEngine:
                 tok_A = (logp_AV + gumbel_ACV[:, t % C]).argmax(dim=-1)
                 tok_BT[rows_A, t] = tok_A
                 logp_BT[rows_A, t] = logp_AV.gather(1, tok_A[:, None]).squeeze(1)
+                if top_v_BTK is not None and top_i_BTK is not None:
+                    top = logp_AV.topk(K, dim=-1)
+                    top_v_BTK[rows_A, t], top_i_BTK[rows_A, t] = top.values, top.indices
                 if n_A is not None and order_AV is not None:
                     kept_steps.append((rows, *kept_ids(n_A, order_AV, V)))
                 bar.update(1)
@@ -240,7 +246,12 @@ class TorchEngine:
             bar.close()
             self._runner = None
 
-        return self._results(tok_BT, logp_BT, length, reason, kept_steps if params.filters_support else None)
+        results = self._results(tok_BT, logp_BT, length, reason, kept_steps if params.filters_support else None)
+        if top_v_BTK is not None and top_i_BTK is not None:
+            top_v, top_i = top_v_BTK.cpu(), top_i_BTK.cpu()
+            for b, r in enumerate(results):
+                r.top_log_probs = (top_v[b, : length[b]].clone(), top_i[b, : length[b]].clone())
+        return results
 
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts left-padded to the longest: ids [B, L] int64 and attention mask [B, L] (1 = prompt)."""

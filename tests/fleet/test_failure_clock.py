@@ -21,7 +21,8 @@ import torch
 from grpolab.core.engine.base import GenerationRequest, GenerationResult, SamplingParams
 from grpolab.core.engine.client import EngineClient, EngineDeadError
 from grpolab.core.engine.http_engine import HttpEngine
-from grpolab.serve.protocol import GenerateItem, generate_response
+from grpolab.serve.protocol import GenerateItem
+from grpolab.serve.responses import generate_response
 
 TIMEOUT_S = 2.0
 ROLLOUT_S = 1.0

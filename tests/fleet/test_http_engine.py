@@ -13,7 +13,8 @@ from grpolab.core.engine.base import GenerationRequest, SamplingParams
 from grpolab.core.engine.factory import running_fleet_engines
 from grpolab.core.engine.fleet import Fleet, PortInUseError, log_tail
 from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer, parse_mismatches
-from grpolab.serve.protocol import GenerateItem, finish_reason_json, generate_response
+from grpolab.serve.protocol import GenerateItem
+from grpolab.serve.responses import finish_reason_json, generate_response
 
 PLAIN = SamplingParams(temperature=0.7, max_new_tokens=5, stop_token_ids=(2, 7))
 FILTERED = SamplingParams(temperature=1.0, top_p=0.9, top_k=3, max_new_tokens=5)

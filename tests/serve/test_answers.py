@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from grpolab.core.engine.base import GenerationResult, SamplingParams
-from grpolab.serve.protocol import GenerateItem, generate_response
+from grpolab.serve.protocol import GenerateItem
+from grpolab.serve.responses import generate_response
 
 
 def _answer(log_probs: list[float], *, logprob: bool) -> dict:
