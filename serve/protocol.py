@@ -7,7 +7,7 @@ An unknown key inside `sampling_params` is the contract's 400 with serde's text 
 \`foo\`, expected one of ...`). An unknown top-level key is a 400 too, naming it: SGLang ignores
 it, so a misspelt `retrun_logprob` would silently give an answer without log-probs. Every field of
 `sglang.api.v1.GenerateRequest` (`GENERATE_KEYS`) and the Python-only fields SGLang's server reads
-(`PYTHON_ONLY_KEYS`) are known. Known keys this engine cannot honour (penalties, stop strings,
+(`PYTHON_ONLY_KEYS`) are known. Known keys this engine cannot honour (penalties,
 grammars, `n > 1`, streaming, prompt log-probs) are refused with a 400 that names them rather than
 ignored, so a client never gets silently different sampling.
 
