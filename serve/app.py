@@ -3,7 +3,8 @@
 Routes (what each answers: `../shared/reference/notes-sglang-http.md`): `/generate` (POST, PUT),
 `/health` and `/health_generate`, `/model_info` (+ `model_fingerprint`, grpolab's), `/server_info`
 (+ the batcher's counters in `internal_states[0]`), the control routes of `control.py`, and
-`/v1/models` + `/v1/chat/completions` (`openai.py`). Starlette routes, no FastAPI: the server parses
+`/v1/models` + `/v1/chat/completions` (`openai.py`), and the token-in/token-out `/sessions` routes
+(`sessions.py`). Starlette routes, no FastAPI: the server parses
 every body itself to give SGLang's 400 texts (FastAPI's own validation answers 422 in another shape).
 
 Auth as SGLang's `decide_request_auth` with an `--api-key` only: every route but `/health*` needs
@@ -20,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from grpolab.serve import control, generation, openai, profiling
+from grpolab.serve import control, generation, openai, profiling, sessions
 from grpolab.serve.protocol import (
     RequestError,
 )
@@ -128,6 +129,10 @@ ROUTES = [
     ("/stop_profile", profiling.stop_profile, ["GET", "POST"]),
     ("/v1/models", openai.list_models, ["GET"]),
     ("/v1/chat/completions", openai.chat_completions, ["POST"]),
+    ("/sessions", sessions.open_session, ["POST"]),
+    ("/sessions/{sid}", sessions.session_record, ["GET"]),
+    ("/sessions/{sid}", sessions.close_session, ["DELETE"]),
+    ("/sessions/{sid}/v1/chat/completions", sessions.session_chat, ["POST"]),
 ]
 """(path, handler(state, request), methods) of every route."""
 

@@ -70,7 +70,7 @@ def logprob_entries(out: dict, token_text: TokenText, *, top: int) -> list[dict]
     return entries
 
 
-def _message(req: ChatRequest, out: dict, call_index: int) -> tuple[dict, str, int]:
+def reply_message(req: ChatRequest, out: dict, call_index: int = 0) -> tuple[dict, str, int]:
     """(message, finish reason, tool-call parse errors) of one answer; tool calls parsed when asked."""
     finish = out["meta_info"]["finish_reason"]["type"]
     reason = _FINISH.get(finish, "abort")
@@ -96,7 +96,7 @@ def _message(req: ChatRequest, out: dict, call_index: int) -> tuple[dict, str, i
 
 def choice(req: ChatRequest, index: int, out: dict, prompt_ids: list[int], token_text: TokenText) -> dict:
     """`choices[index]` of a non-streamed answer, from the choice's `/generate` answer `out`."""
-    message, reason, parse_errors = _message(req, out, 0)
+    message, reason, parse_errors = reply_message(req, out)
     meta = out["meta_info"]
     matched = meta["finish_reason"].get("matched") if reason == "stop" else None
     entry: dict = {
@@ -189,7 +189,7 @@ def stream_events(
             ]
         )
         entries = logprob_entries(out, token_text, top=req.top_logprobs) if req.logprobs else None
-        message, reason, _ = _message(req, out, 0)
+        message, reason, _ = reply_message(req, out)
         if req.parse_tools:
             yield event([{"index": index, "delta": {k: v for k, v in message.items() if k != "role"},
                           "logprobs": {"content": entries} if entries is not None else None, "finish_reason": None}])  # fmt: skip

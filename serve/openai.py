@@ -57,8 +57,11 @@ def template_ids(state: ServerState, messages: list, *, tools: list | None = Non
     return [int(t) for t in ids]
 
 
-def choice_items(state: ServerState, req: ChatRequest, prompt_ids: list[int], rid: str) -> list[GenerateItem]:
-    """One `GenerateItem` per choice (`rid_<i>`), sharing the prompt (prefilled once by the engine).
+def choice_items(
+    state: ServerState, req: ChatRequest, prompt_ids: list[int], rid: str, *, with_logprobs: bool = False
+) -> list[GenerateItem]:
+    """One `GenerateItem` per choice (`rid_<i>`), sharing the prompt (prefilled once by the engine);
+    `with_logprobs` asks the engine's log-probs even when the answer does not show them (a session).
 
     Choice i samples with seed `seed + i` when the request gave a seed (or the server is
     deterministic: SGLang's default seed 42 + i), else with a fresh random seed each.
@@ -72,7 +75,7 @@ def choice_items(state: ServerState, req: ChatRequest, prompt_ids: list[int], ri
             prompt_ids=prompt_ids,
             params=s.params,
             seed=(base + i) % (1 << 63) if seeded else secrets.randbits(63),
-            return_logprob=req.logprobs or req.return_meta_info,
+            return_logprob=req.logprobs or req.return_meta_info or with_logprobs,
             skip_special_tokens=s.skip_special_tokens,
             stop=s.stop,
             no_stop_trim=s.no_stop_trim,
@@ -82,17 +85,17 @@ def choice_items(state: ServerState, req: ChatRequest, prompt_ids: list[int], ri
 
 
 async def answer_chat(
-    state: ServerState, req: ChatRequest, prompt_ids: list[int]
+    state: ServerState, req: ChatRequest, prompt_ids: list[int], *, with_logprobs: bool = False
 ) -> tuple[Response, list[dict]]:
     """Generate the request's choices on `prompt_ids` and answer in OpenAI's shape (JSON or events);
-    also return the `/generate` answers (a session records them).
+    also return the `/generate` answers (a session records them; [] when generation failed).
 
     Raises:
         RequestError: the prompt does not fit the context or holds an id outside the vocabulary.
     """
     rid = req.rid or f"chatcmpl-{secrets.token_hex(12)}"
     try:
-        outs = await run_items(state, choice_items(state, req, prompt_ids, rid))
+        outs = await run_items(state, choice_items(state, req, prompt_ids, rid, with_logprobs=with_logprobs))
     except (RuntimeError, ValueError) as e:  # memory released, the engine failed, non-finite log-probs
         return error_response(str(e)), []
     token_text = TokenText(state.tokenizer)

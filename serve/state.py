@@ -67,6 +67,7 @@ class ServerState:
         model_type / architectures: from the model config, as SGLang's /model_info reports them.
         weight_version: SGLang's string version.
         released: memory tags released now.
+        sessions: open token-in/token-out sessions by id (`serve/sessions.py`).
         started: Unix time the server started.
     """
 
@@ -82,6 +83,7 @@ class ServerState:
     architectures: list[str] | None = None
     weight_version: str = DEFAULT_WEIGHT_VERSION
     released: set[str] = field(default_factory=set)
+    sessions: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
 
     @property

@@ -1,0 +1,175 @@
+"""Token-in/token-out sessions: one agent trajectory whose every turn keeps the exact ids.
+
+Routes: `POST /sessions` -> `{"session_id"}`; `POST /sessions/<id>/v1/chat/completions` takes the
+whole message history each turn (as agents send it) and generates on the session's ids plus only
+the new messages tokenised (`session_tokens.py` gives the rule); `GET /sessions/<id>` returns the
+token record (ids, per-token source and turn, loss mask, log-probs, weight version per generated
+token); `DELETE /sessions/<id>` forgets it. A history that rewrites an earlier message is a 409
+naming the message; an unknown session is a 404; a turn sent while the session's previous turn
+still runs is a 409 (a trajectory is sequential). A turn that fails (a 400, an engine error, an
+abort) leaves the record as it was. Sessions live in the server's memory (at most `MAX_SESSIONS`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import secrets
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from grpolab.serve.chat_request import ChatRequest, parse_chat
+from grpolab.serve.chat_response import reply_message
+from grpolab.serve.http import error_response, read_object
+from grpolab.serve.openai import answer_chat, template_ids
+from grpolab.serve.protocol import RequestError
+from grpolab.serve.session_tokens import (
+    HistoryRewrite,
+    TemplateNotIncremental,
+    TokenRecord,
+    add_reply,
+    append_turn,
+    new_messages,
+)
+from grpolab.serve.state import ServerState
+
+MAX_SESSIONS = 1024
+"""Open sessions one server keeps (grpolab's bound; `DELETE /sessions/<id>` frees one)."""
+
+
+@dataclass
+class Session:
+    """One trajectory: its token record, the tools and template arguments of its first turn, a lock."""
+
+    record: TokenRecord = field(default_factory=TokenRecord)
+    tools: list | None = None
+    template_kwargs: dict = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _store(state: ServerState) -> dict[str, Session]:
+    return state.sessions
+
+
+def _session(state: ServerState, request: Request) -> tuple[str, Session]:
+    sid = request.path_params["sid"]
+    session = _store(state).get(sid)
+    if session is None:
+        raise LookupError(
+            f"no session {sid!r} (open one with POST /sessions; sessions live until DELETE or restart)"
+        )
+    return sid, session
+
+
+async def open_session(state: ServerState, request: Request) -> Response:
+    """`POST /sessions` -> `{"session_id": "<hex>"}`; 503 when `MAX_SESSIONS` are open."""
+    store = _store(state)
+    if len(store) >= MAX_SESSIONS:
+        return error_response(
+            f"{MAX_SESSIONS} sessions are open; DELETE /sessions/<id> the finished ones", 503
+        )
+    sid = secrets.token_hex(16)
+    store[sid] = Session()
+    return JSONResponse({"session_id": sid})
+
+
+async def session_record(state: ServerState, request: Request) -> Response:
+    """`GET /sessions/<id>`: the token record (`TokenRecord.as_json`) and the session id."""
+    try:
+        sid, session = _session(state, request)
+    except LookupError as e:
+        return error_response(str(e), 404)
+    return JSONResponse({"session_id": sid, **session.record.as_json()})
+
+
+async def close_session(state: ServerState, request: Request) -> Response:
+    """`DELETE /sessions/<id>`: forget the session."""
+    try:
+        sid, _ = _session(state, request)
+    except LookupError as e:
+        return error_response(str(e), 404)
+    del _store(state)[sid]
+    return JSONResponse({"success": True})
+
+
+def _render(state: ServerState, session: Session):
+    def render(messages: list, generation_prompt: bool) -> str:
+        kwargs = dict(session.template_kwargs)
+        if session.tools:
+            kwargs["tools"] = session.tools
+        return state.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=False, **kwargs
+        )
+
+    return render
+
+
+def _next_record(state: ServerState, session: Session, req: ChatRequest) -> TokenRecord:
+    """The record with this turn's prompt appended (a copy: the session's own changes on success only).
+
+    Raises:
+        RequestError: n > 1, `input_ids`, tools or template arguments that differ from the first turn's.
+        HistoryRewrite / TemplateNotIncremental: from `session_tokens`.
+    """
+    if req.n != 1:
+        raise RequestError(f"a session is one trajectory: n must be 1, got {req.n}")
+    if req.input_ids is not None or req.messages is None:
+        raise RequestError(
+            "a session turn sends messages (the session keeps the ids); input_ids is refused here"
+        )
+    record = copy.deepcopy(session.record)
+    if not record.ids:
+        session.tools, session.template_kwargs = req.tools, dict(req.chat_template_kwargs)
+        ids = template_ids(state, req.messages, tools=req.tools, **req.chat_template_kwargs)
+        record.add(ids, "prompt", 0)
+        record.prompt_length, record.messages = len(ids), list(req.messages)
+        return record
+    if req.tools != session.tools or dict(req.chat_template_kwargs) != session.template_kwargs:
+        raise HistoryRewrite(
+            "tools or chat_template_kwargs differ from the session's first turn (the first prompt was "
+            "rendered with those)", turn=0
+        )  # fmt: skip
+    added = new_messages(record, req.messages)
+    tok = state.tokenizer
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    def decode(ids) -> str:
+        return tok.decode(list(ids), skip_special_tokens=False)
+
+    append_turn(record, added, _render(state, session), encode, decode)
+    return record
+
+
+async def session_chat(state: ServerState, request: Request) -> Response:
+    """`POST /sessions/<id>/v1/chat/completions`: one turn, answered as `/v1/chat/completions` is."""
+    try:
+        _, session = _session(state, request)
+    except LookupError as e:
+        return error_response(str(e), 404)
+    req = parse_chat(
+        await read_object(request), eos_ids=state.eos_ids, deterministic=state.settings.deterministic
+    )
+    if session.lock.locked():
+        return error_response(
+            "this session's previous turn is still running; a trajectory's turns are sequential", 409
+        )
+    async with session.lock:
+        try:
+            record = _next_record(state, session, req)
+        except HistoryRewrite as e:
+            return JSONResponse({"error": {"message": str(e), "turn": e.turn}}, status_code=409)
+        except TemplateNotIncremental as e:
+            return error_response(str(e))
+        response, outs = await answer_chat(state, req, record.ids, with_logprobs=True)
+        if not outs or outs[0]["meta_info"]["finish_reason"]["type"] == "abort":
+            return response
+        out = outs[0]
+        message, reason, _ = reply_message(req, out)
+        logprobs = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        add_reply(record, out["output_ids"], logprobs, out["meta_info"]["weight_version"], message, reason)
+        session.record = record
+        return response
