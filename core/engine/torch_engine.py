@@ -246,7 +246,9 @@ class TorchEngine:
             bar.close()
             self._runner = None
 
-        results = self._results(tok_BT, logp_BT, length, reason, kept_steps if params.filters_support else None)
+        results = self._results(
+            tok_BT, logp_BT, length, reason, kept_steps if params.filters_support else None
+        )
         if top_v_BTK is not None and top_i_BTK is not None:
             top_v, top_i = top_v_BTK.cpu(), top_i_BTK.cpu()
             for b, r in enumerate(results):
