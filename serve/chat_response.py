@@ -22,6 +22,7 @@ from grpolab.serve.chat_request import ChatRequest
 from grpolab.serve.tool_calls import parse_tool_calls
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_TOKEN_TEXTS: dict[int, TokenText] = {}
 
 
 class TokenText:
@@ -40,6 +41,14 @@ class TokenText:
             self._byte_of = {c: b for b, c in bytes_to_unicode().items()}
         except ImportError:  # pragma: no cover - transformers always ships it
             self._byte_of = {}
+
+    @classmethod
+    def of(cls, tokenizer) -> TokenText:
+        """The cache of `tokenizer` (one per tokenizer object: a server has one)."""
+        cached = _TOKEN_TEXTS.get(id(tokenizer))
+        if cached is None or cached.tokenizer is not tokenizer:
+            cached = _TOKEN_TEXTS[id(tokenizer)] = cls(tokenizer)
+        return cached
 
     def __call__(self, token_id: int) -> tuple[str, list[int]]:
         """(decoded text, the token's bytes) of one id."""

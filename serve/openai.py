@@ -98,7 +98,7 @@ async def answer_chat(
         outs = await run_items(state, choice_items(state, req, prompt_ids, rid, with_logprobs=with_logprobs))
     except (RuntimeError, ValueError) as e:  # memory released, the engine failed, non-finite log-probs
         return error_response(str(e)), []
-    token_text = TokenText(state.tokenizer)
+    token_text = TokenText.of(state.tokenizer)
     created = int(time.time())
     if req.stream:
 

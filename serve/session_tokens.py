@@ -58,6 +58,7 @@ class TokenRecord:
         messages: the history as of the last reply (the last request's messages + the reply).
         finish_reasons: per model turn, its finish reason.
         reply_lengths: per model turn, its reply's tokens.
+        assistant_tail: the template's text after an assistant message (None until a turn needs it).
     """
 
     ids: list[int] = field(default_factory=list)
@@ -69,6 +70,7 @@ class TokenRecord:
     messages: list[dict] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
     reply_lengths: list[int] = field(default_factory=list)
+    assistant_tail: str | None = None
 
     @property
     def model_turns(self) -> int:
@@ -83,6 +85,15 @@ class TokenRecord:
         self.turns += [turn] * len(ids)
         self.logprobs += list(logprobs) if logprobs is not None else [None] * len(ids)
         self.weight_versions += [version] * len(ids)
+
+    def copy(self) -> TokenRecord:
+        """A copy whose lists can grow without touching this record (the messages are shared, unchanged)."""
+        return TokenRecord(
+            ids=list(self.ids), sources=list(self.sources), turns=list(self.turns), logprobs=list(self.logprobs),
+            weight_versions=list(self.weight_versions), prompt_length=self.prompt_length,
+            messages=list(self.messages), finish_reasons=list(self.finish_reasons),
+            reply_lengths=list(self.reply_lengths), assistant_tail=self.assistant_tail,
+        )  # fmt: skip
 
     def loss_mask(self) -> list[int]:
         """Over the response (everything after the first prompt): 1 for model tokens, 0 otherwise."""
@@ -160,7 +171,9 @@ def close_reply(record: TokenRecord, render: Render, decode: Callable[[Sequence[
     """The text that ends the last reply the way the template ends an assistant turn, less the
     template text the model generated itself (its EOS): Qwen `\n` after `<|im_end|>`. Call it while
     the record ends with that reply."""
-    tail = _assistant_tail(render, record.messages[:-1])
+    if record.assistant_tail is None:  # the template's, found once per session
+        record.assistant_tail = _assistant_tail(render, record.messages[:-1])
+    tail = record.assistant_tail
     generated = (
         decode(record.ids[len(record.ids) - record.reply_lengths[-1] :]) if record.reply_lengths[-1] else ""
     )
