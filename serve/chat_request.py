@@ -63,6 +63,8 @@ _BOOLS = (
     "logprobs", "stream", "return_token_ids", "return_prompt_token_ids", "return_meta_info", "ignore_eos",
     "no_stop_trim", "skip_special_tokens", "parallel_tool_calls",
 )  # fmt: skip
+_INTS = ("max_tokens", "max_completion_tokens", "seed", "top_k")
+_FLOATS = ("temperature", "top_p")
 MAX_N = 64
 """The most choices one request may ask for (grpolab's bound: a GRPO group is rarely larger)."""
 DEFAULT_MAX_TOKENS = 128
@@ -164,6 +166,14 @@ def parse_chat(body: object, *, eos_ids: tuple[int, ...], deterministic: bool) -
     for key in _BOOLS:
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise RequestError(f"{key} must be true or false, got {body[key]!r}")
+    for key in _INTS:
+        if body.get(key) is not None and (not isinstance(body[key], int) or isinstance(body[key], bool)):
+            raise RequestError(f"{key} must be an integer, got {body[key]!r}")
+    for key in _FLOATS:
+        if body.get(key) is not None and (
+            not isinstance(body[key], (int, float)) or isinstance(body[key], bool)
+        ):
+            raise RequestError(f"{key} must be a number, got {body[key]!r}")
     for key, neutral in _NEUTRAL.items():
         if key in body and not any(body[key] == v and type(body[key]) is type(v) for v in neutral):
             raise RequestError(
@@ -188,7 +198,9 @@ def parse_chat(body: object, *, eos_ids: tuple[int, ...], deterministic: bool) -
         )
     options = body.get("stream_options")
     if options is not None and (
-        not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}
+        not isinstance(options, dict)
+        or set(options) - {"include_usage", "continuous_usage_stats"}
+        or not all(v is None or isinstance(v, bool) for v in options.values())
     ):
         raise RequestError(f"stream_options must be {{include_usage: bool}}, got {options!r}")
     tool_choice = body.get("tool_choice", "auto")

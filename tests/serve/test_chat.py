@@ -183,6 +183,12 @@ def test_tools_reach_the_template_and_a_plain_answer_stays_text(client):
         ({"tools": [{"type": "function"}]}, "tools[0] must be {type: function"),
         ({"frequency_penalty": 0.5}, "does not support frequency_penalty = 0.5"),
         ({"stop": [1]}, "sampling_params.stop must be a string or a list of strings"),
+        ({"max_tokens": "5"}, "max_tokens must be an integer, got '5'"),
+        ({"temperature": "hot"}, "temperature must be a number"),
+        (
+            {"stream": True, "stream_options": {"include_usage": "yes"}},
+            "stream_options must be {include_usage: bool}",
+        ),
     ],
 )
 def test_a_request_the_server_cannot_honour_is_a_400_naming_the_field(server, extra, needle):
