@@ -16,6 +16,7 @@ import asyncio
 import secrets
 from dataclasses import dataclass, field
 
+from jinja2 import TemplateError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -98,9 +99,12 @@ def _render(state: ServerState, session: Session):
         kwargs = dict(session.template_kwargs)
         if session.tools:
             kwargs["tools"] = session.tools
-        return state.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt, tokenize=False, **kwargs
-        )
+        try:
+            return state.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=generation_prompt, tokenize=False, **kwargs
+            )
+        except (ValueError, TypeError, KeyError, TemplateError) as e:
+            raise RequestError(f"cannot apply the chat template of {state.settings.model_path}: {e}") from e
 
     return render
 

@@ -87,6 +87,14 @@ def test_a_rewritten_history_is_a_409_and_a_failed_turn_changes_nothing(server):
         f"/sessions/{sid}/v1/chat/completions", {"messages": [USER, reply, TOOL], "max_tokens": 100000}
     )
     assert too_long.status == 400 and "maximum context length" in too_long.text
+    parts = {
+        "role": "tool",
+        "content": [{"type": "text", "text": "7"}],
+    }  # the tiny template joins strings only
+    ans = server.call(
+        f"/sessions/{sid}/v1/chat/completions", {"messages": [USER, reply, parts], "max_tokens": 2}
+    )
+    assert ans.status == 400 and "cannot apply the chat template" in ans.text
     assert server.call(f"/sessions/{sid}").body == before
     for body, needle in (
         ({"messages": [USER], "n": 2}, "n must be 1"),
