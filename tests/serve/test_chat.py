@@ -115,11 +115,15 @@ def test_the_async_client_gets_concurrent_answers_that_repeat(server):
             for s in (1, 2, 1)
         ]
         answers = await asyncio.gather(*calls)
+        stream = await aclient.chat.completions.create(
+            model="tiny-qwen3", messages=USER, max_tokens=8, seed=1, stream=True
+        )
+        streamed = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
         await aclient.close()
-        return [a.choices[0].message.content for a in answers]
+        return [a.choices[0].message.content for a in answers] + [streamed]
 
-    a, b, c = asyncio.run(main())
-    assert a == c and isinstance(b, str)
+    a, b, c, streamed = asyncio.run(main())
+    assert a == c == streamed and isinstance(b, str)
 
 
 def test_stop_strings_cut_the_answer_as_a_stopping_decode_would(server, client):
