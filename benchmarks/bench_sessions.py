@@ -25,6 +25,7 @@ import httpx
 from _common import ARITHMETIC, TINY_MODEL, machine, median
 
 TURNS = 3
+OPEN_SECONDS: list[float] = []  # per sessions rollout: seconds to open its 64 sessions (context)
 PROMPTS, SAMPLES = 8, 8
 
 
@@ -54,22 +55,32 @@ def run_sessions(client: httpx.Client, url: str, trajs, max_tokens: int) -> tupl
     start = time.perf_counter()
     with ThreadPoolExecutor(len(trajs)) as pool:
         sids = list(pool.map(open_one, trajs))
+        OPEN_SECONDS.append(time.perf_counter() - start)
         histories = [[{"role": "user", "content": q}] for q, _, _ in trajs]
-        turns: list[list] = [[] for _ in trajs]
 
         def turn(i: int, k: int) -> None:
-            body = {"messages": histories[i], "max_tokens": max_tokens, "seed": trajs[i][2] + k,
-                    "return_token_ids": True}  # fmt: skip
+            body = {"messages": histories[i], "max_tokens": max_tokens, "seed": trajs[i][2] + k}
             ch = client.post(f"{url}/sessions/{sids[i]}/v1/chat/completions", json=body).json()["choices"][0]
-            turns[i].append((ch["prompt_token_ids"], ch["response_token_ids"]))
             histories[i] += [ch["message"], {"role": "tool", "content": trajs[i][1]}]
 
         for k in range(TURNS):
-            list(pool.map(lambda i: turn(i, k), range(len(trajs))))
+            list(pool.map(lambda i, k=k: turn(i, k), range(len(trajs))))
     seconds = time.perf_counter() - start
-    with ThreadPoolExecutor(len(trajs)) as pool:
+    with ThreadPoolExecutor(len(trajs)) as pool:  # the token records, after the clock stopped
+        records = list(pool.map(lambda sid: client.get(f"{url}/sessions/{sid}").json(), sids))
         list(pool.map(lambda sid: client.delete(f"{url}/sessions/{sid}"), sids))
-    return seconds, turns
+    return seconds, [turn_ids(rec) for rec in records]
+
+
+def turn_ids(record: dict) -> list[tuple[list[int], list[int]]]:
+    """Per model turn of a session record: (the turn's prompt ids, its reply ids)."""
+    out = []
+    for k in range(1, record["num_turns"] + 1):
+        at = [
+            i for i, (s, t) in enumerate(zip(record["sources"], record["turns"])) if s == "model" and t == k
+        ]
+        out.append((record["input_ids"][: at[0]], [record["input_ids"][i] for i in at]))
+    return out
 
 
 def run_raw(client: httpx.Client, url: str, trajs, turns, max_tokens: int) -> tuple[float, list]:
@@ -84,7 +95,7 @@ def run_raw(client: httpx.Client, url: str, trajs, turns, max_tokens: int) -> tu
     start = time.perf_counter()
     with ThreadPoolExecutor(len(trajs)) as pool:
         for k in range(TURNS):
-            list(pool.map(lambda i: turn(i, k), range(len(trajs))))
+            list(pool.map(lambda i, k=k: turn(i, k), range(len(trajs))))
     return time.perf_counter() - start, replies
 
 
@@ -112,7 +123,9 @@ def main() -> None:
                 b1 = batches(client, url)
                 r, replies = run_raw(client, url, trajs, turns, args.max_tokens)
                 b2 = batches(client, url)
-                assert replies == [[reply for _, reply in t] for t in turns], "raw /generate gave other tokens"
+                assert replies == [[reply for _, reply in t] for t in turns], (
+                    "raw /generate gave other tokens"
+                )
                 sess_s.append(s)
                 raw_s.append(r)
                 tokens = sum(len(reply) + len(prompt) for t in turns for prompt, reply in t)
@@ -121,9 +134,15 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    print(f"{len(trajs)} trajectories x {TURNS} turns, {args.max_tokens} tokens per turn, {args.reps} alternated reps")
+    print(
+        f"{len(trajs)} trajectories x {TURNS} turns, {args.max_tokens} tokens per turn, {args.reps} alternated reps"
+    )
     print(f"sessions / raw /generate (median): {median(sess_s) / median(raw_s):.3f}x   (goal <= 1.10x)")
     print(f"sessions / raw /generate (fastest): {min(sess_s) / min(raw_s):.3f}x")
+    opened = OPEN_SECONDS[1:]  # the warm-up's first
+    turns_only = [t - o for t, o in zip(sess_s, opened)]
+    print(f"of a sessions rollout, opening its {len(trajs)} sessions took {median(opened):.3f} s (median)")
+    print(f"the turns alone / raw /generate (median): {median(turns_only) / median(raw_s):.3f}x")
 
 
 if __name__ == "__main__":
