@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from grpolab.serve.protocol import (
     ParsedSampling,
     RequestError,
+    is_one_of,
     parse_sampling,
     top_logprobs_count,
 )
@@ -175,7 +176,7 @@ def parse_chat(body: object, *, eos_ids: tuple[int, ...], deterministic: bool) -
         ):
             raise RequestError(f"{key} must be a number, got {body[key]!r}")
     for key, neutral in _NEUTRAL.items():
-        if key in body and not any(body[key] == v and type(body[key]) is type(v) for v in neutral):
+        if key in body and not is_one_of(body[key], neutral):
             raise RequestError(
                 f"grpolab serve does not support {key} = {body[key]!r} in /v1/chat/completions"
             )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from grpolab.serve.chat_request import ChatRequest
 from grpolab.serve.tool_calls import parse_tool_calls
@@ -79,20 +80,33 @@ def logprob_entries(out: dict, token_text: TokenText, *, top: int) -> list[dict]
     return entries
 
 
-def reply_message(req: ChatRequest, out: dict, call_index: int = 0) -> tuple[dict, str, int]:
-    """(message, finish reason, tool-call parse errors) of one answer; tool calls parsed when asked."""
+@dataclass(frozen=True)
+class Reply:
+    """One answer as the assistant's message: `message` (content, and `tool_calls` when parsed), the
+    OpenAI `finish_reason`, and how many `<tool_call>` blocks did not parse."""
+
+    message: dict
+    finish_reason: str
+    parse_errors: int
+
+
+def reply_message(req: ChatRequest, out: dict) -> Reply:
+    """The assistant's message of one `/generate` answer, tool calls parsed when the request asks.
+
+    Built once per answer: the tool-call ids it draws are the ones the client gets and a session keeps.
+    """
     finish = out["meta_info"]["finish_reason"]["type"]
     reason = _FINISH.get(finish, "abort")
     message: dict = {"role": "assistant", "content": out["text"]}
     if not req.parse_tools:
-        return message, reason, 0
+        return Reply(message, reason, 0)
     parsed = parse_tool_calls(out["text"], req.tool_names)
     if parsed.calls:
         message["content"] = parsed.content
         message["tool_calls"] = [
             {
                 "id": f"call_{secrets.token_hex(12)}",
-                "index": call_index + i,
+                "index": i,
                 "type": "function",
                 "function": {"name": c.name, "arguments": c.arguments},
             }
@@ -100,17 +114,20 @@ def reply_message(req: ChatRequest, out: dict, call_index: int = 0) -> tuple[dic
         ]
         if reason == "stop":
             reason = "tool_calls"
-    return message, reason, len(parsed.parse_errors)
+    return Reply(message, reason, len(parsed.parse_errors))
 
 
-def choice(req: ChatRequest, index: int, out: dict, prompt_ids: list[int], token_text: TokenText) -> dict:
-    """`choices[index]` of a non-streamed answer, from the choice's `/generate` answer `out`."""
-    message, reason, parse_errors = reply_message(req, out)
+def choice(
+    req: ChatRequest, index: int, out: dict, reply: Reply, prompt_ids: list[int], token_text: TokenText
+) -> dict:
+    """`choices[index]` of a non-streamed answer, from the choice's `/generate` answer `out` and its
+    `reply_message`."""
+    reason = reply.finish_reason
     meta = out["meta_info"]
     matched = meta["finish_reason"].get("matched") if reason == "stop" else None
     entry: dict = {
         "index": index,
-        "message": message,
+        "message": reply.message,
         "logprobs": {"content": logprob_entries(out, token_text, top=req.top_logprobs)}
         if req.logprobs
         else None,
@@ -122,7 +139,7 @@ def choice(req: ChatRequest, index: int, out: dict, prompt_ids: list[int], token
     if req.return_token_ids:
         entry["response_token_ids"] = list(out["output_ids"])
     if req.return_meta_info:
-        entry["meta_info"] = dict(meta, tool_parse_errors=parse_errors)
+        entry["meta_info"] = dict(meta, tool_parse_errors=reply.parse_errors)
     return entry
 
 
@@ -161,6 +178,7 @@ def stream_events(
     created: int,
     model: str,
     outs: list[dict],
+    replies: list[Reply],
     prompt_len: int,
     token_text: TokenText,
     decode,
@@ -186,7 +204,7 @@ def stream_events(
         chunk.update(extra)
         return f"data: {json.dumps(chunk)}\n\n"
 
-    for index, out in enumerate(outs):
+    for index, (out, reply) in enumerate(zip(outs, replies)):
         yield event(
             [
                 {
@@ -198,9 +216,9 @@ def stream_events(
             ]
         )
         entries = logprob_entries(out, token_text, top=req.top_logprobs) if req.logprobs else None
-        message, reason, _ = reply_message(req, out)
+        reason = reply.finish_reason
         if req.parse_tools:
-            yield event([{"index": index, "delta": {k: v for k, v in message.items() if k != "role"},
+            yield event([{"index": index, "delta": {k: v for k, v in reply.message.items() if k != "role"},
                           "logprobs": {"content": entries} if entries is not None else None, "finish_reason": None}])  # fmt: skip
         else:
             for j, piece in enumerate(_text_deltas(out["output_ids"], out["text"], decode)):

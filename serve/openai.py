@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from grpolab.serve.chat_request import ChatRequest, parse_chat
-from grpolab.serve.chat_response import TokenText, choice, stream_events, usage
+from grpolab.serve.chat_response import Reply, TokenText, choice, reply_message, stream_events, usage
 from grpolab.serve.generation import run_items
 from grpolab.serve.http import error_response, read_object
 from grpolab.serve.protocol import DEFAULT_SEED, GenerateItem, RequestError
@@ -38,8 +38,11 @@ async def list_models(state: ServerState, request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [card]})
 
 
-def template_ids(state: ServerState, messages: list, *, tools: list | None = None, **kwargs) -> list[int]:
-    """The chat-templated prompt ids of `messages` (generation prompt added).
+def render_template(
+    state: ServerState, messages: list, *, generation_prompt: bool, tokenize: bool,
+    tools: list | None = None, **kwargs,
+) -> str | list[int]:  # fmt: skip
+    """The checkpoint's chat template over `messages`: its text, or (`tokenize`) its token ids.
 
     Raises:
         RequestError: the chat template fails on them (naming the checkpoint and the template's error).
@@ -47,14 +50,27 @@ def template_ids(state: ServerState, messages: list, *, tools: list | None = Non
     if tools:
         kwargs["tools"] = tools
     try:
-        ids = state.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, **kwargs
+        out = state.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=tokenize, **kwargs
         )
     except (ValueError, TypeError, KeyError, TemplateError) as e:
         raise RequestError(f"cannot apply the chat template of {state.settings.model_path}: {e}") from e
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
+    if not tokenize:
+        return out
+    if isinstance(out, dict) or hasattr(out, "input_ids"):  # transformers 5 returns a BatchEncoding
+        out = out["input_ids"]
+    return [int(t) for t in out]
+
+
+def template_ids(state: ServerState, messages: list, *, tools: list | None = None, **kwargs) -> list[int]:
+    """The chat-templated prompt ids of `messages` (generation prompt added).
+
+    Raises:
+        RequestError: the chat template fails on them.
+    """
+    ids = render_template(state, messages, generation_prompt=True, tokenize=True, tools=tools, **kwargs)
+    assert isinstance(ids, list)
+    return ids
 
 
 def choice_items(
@@ -86,9 +102,10 @@ def choice_items(
 
 async def answer_chat(
     state: ServerState, req: ChatRequest, prompt_ids: list[int], *, with_logprobs: bool = False
-) -> tuple[Response, list[dict]]:
+) -> tuple[Response, list[tuple[dict, Reply]]]:
     """Generate the request's choices on `prompt_ids` and answer in OpenAI's shape (JSON or events);
-    also return the `/generate` answers (a session records them; [] when generation failed).
+    also return each choice's `/generate` answer and the reply built from it (a session records
+    them; [] when generation failed).
 
     Raises:
         RequestError: the prompt does not fit the context or holds an id outside the vocabulary.
@@ -98,6 +115,7 @@ async def answer_chat(
         outs = await run_items(state, choice_items(state, req, prompt_ids, rid, with_logprobs=with_logprobs))
     except (RuntimeError, ValueError) as e:  # memory released, the engine failed, non-finite log-probs
         return error_response(str(e)), []
+    replies = [reply_message(req, out) for out in outs]
     token_text = TokenText.of(state.tokenizer)
     created = int(time.time())
     if req.stream:
@@ -105,18 +123,23 @@ async def answer_chat(
         def decode(ids: list[int]) -> str:
             return state.tokenizer.decode(ids, skip_special_tokens=req.sampling.skip_special_tokens)
 
-        events = stream_events(req, rid, created, state.model_name, outs, len(prompt_ids), token_text, decode)
-        return StreamingResponse(events, media_type="text/event-stream"), outs
+        events = stream_events(
+            req, rid, created, state.model_name, outs, replies, len(prompt_ids), token_text, decode
+        )
+        return StreamingResponse(events, media_type="text/event-stream"), list(zip(outs, replies))
     body = {
         "id": rid,
         "object": "chat.completion",
         "created": created,
         "model": state.model_name,
-        "choices": [choice(req, i, out, prompt_ids, token_text) for i, out in enumerate(outs)],
+        "choices": [
+            choice(req, i, out, reply, prompt_ids, token_text)
+            for i, (out, reply) in enumerate(zip(outs, replies))
+        ],
         "usage": usage(outs, len(prompt_ids)),
         "metadata": {"weight_version": state.weight_version},
     }
-    return JSONResponse(body), outs
+    return JSONResponse(body), list(zip(outs, replies))
 
 
 async def chat_completions(state: ServerState, request: Request) -> Response:

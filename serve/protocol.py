@@ -139,7 +139,7 @@ class ParsedSampling:
     no_stop_trim: bool
 
 
-def _is_one_of(value: object, allowed: tuple) -> bool:
+def is_one_of(value: object, allowed: tuple) -> bool:
     """`value` equals one of `allowed` with the same JSON type (so `true` is not 1, nor 0.0 False)."""
     return any(value == a and type(value) is type(a) for a in allowed)
 
@@ -191,7 +191,7 @@ def parse_sampling(
             raise RequestError(f"unknown field `{key}`, expected one of {listed}", contract=True)
     _check_types(sp, SAMPLING_TYPES)
     for key, neutral in _NEUTRAL.items():
-        if key in sp and not _is_one_of(sp[key], neutral):
+        if key in sp and not is_one_of(sp[key], neutral):
             raise RequestError(f"grpolab serve does not support sampling_params.{key} = {sp[key]!r}")
     temperature = float(_number(sp, "temperature", 1.0))
     top_p = float(_number(sp, "top_p", 1.0))
@@ -318,7 +318,7 @@ def parse_generate(
         )
     _check_types(body, GENERATE_TYPES)
     for key, defaults in _UNSUPPORTED_TOP.items():
-        if key in body and not _is_one_of(body[key], defaults):
+        if key in body and not is_one_of(body[key], defaults):
             raise RequestError(f"grpolab serve does not support {key} = {body[key]!r} in /generate")
     prompts, batch = _prompts(body, tokenize)
     n = len(prompts)

@@ -101,18 +101,18 @@ class TokenRecord:
 
     def as_json(self) -> dict:
         """The record in JSON (GET /sessions/<id>): ids, sources, turns, loss mask, log-probs, versions."""
-        response = self.sources[self.prompt_length :]
+        mask = self.loss_mask()
         return {
             "input_ids": self.ids,
             "prompt_length": self.prompt_length,
-            "response_length": len(response),
+            "response_length": len(mask),
             "sources": self.sources,
             "turns": self.turns,
-            "loss_mask": self.loss_mask(),
+            "loss_mask": mask,
             "logprobs": self.logprobs,
             "weight_versions": self.weight_versions,
             "num_turns": self.model_turns,
-            "trainable_tokens": sum(self.loss_mask()),
+            "trainable_tokens": sum(mask),
             "finish_reasons": self.finish_reasons,
             "messages": self.messages,
         }

@@ -16,17 +16,16 @@ import asyncio
 import secrets
 from dataclasses import dataclass, field
 
-from jinja2 import TemplateError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from grpolab.serve.chat_request import ChatRequest, parse_chat
-from grpolab.serve.chat_response import reply_message
 from grpolab.serve.http import error_response, read_object
-from grpolab.serve.openai import answer_chat, template_ids
+from grpolab.serve.openai import answer_chat, render_template, template_ids
 from grpolab.serve.protocol import RequestError
 from grpolab.serve.session_tokens import (
     HistoryRewrite,
+    Render,
     TemplateNotIncremental,
     TokenRecord,
     add_reply,
@@ -49,13 +48,9 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-def _store(state: ServerState) -> dict[str, Session]:
-    return state.sessions
-
-
 def _session(state: ServerState, request: Request) -> tuple[str, Session]:
     sid = request.path_params["sid"]
-    session = _store(state).get(sid)
+    session = state.sessions.get(sid)
     if session is None:
         raise LookupError(
             f"no session {sid!r} (open one with POST /sessions; sessions live until DELETE or restart)"
@@ -65,7 +60,7 @@ def _session(state: ServerState, request: Request) -> tuple[str, Session]:
 
 async def open_session(state: ServerState, request: Request) -> Response:
     """`POST /sessions` -> `{"session_id": "<hex>"}`; 503 when `MAX_SESSIONS` are open."""
-    store = _store(state)
+    store = state.sessions
     if len(store) >= MAX_SESSIONS:
         return error_response(
             f"{MAX_SESSIONS} sessions are open; DELETE /sessions/<id> the finished ones", 503
@@ -90,21 +85,20 @@ async def close_session(state: ServerState, request: Request) -> Response:
         sid, _ = _session(state, request)
     except LookupError as e:
         return error_response(str(e), 404)
-    del _store(state)[sid]
+    del state.sessions[sid]
     return JSONResponse({"success": True})
 
 
-def _render(state: ServerState, session: Session):
+def _render(state: ServerState, session: Session) -> Render:
+    """The chat template's text over messages, with the session's first-turn tools and arguments."""
+
     def render(messages: list, generation_prompt: bool) -> str:
-        kwargs = dict(session.template_kwargs)
-        if session.tools:
-            kwargs["tools"] = session.tools
-        try:
-            return state.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=generation_prompt, tokenize=False, **kwargs
-            )
-        except (ValueError, TypeError, KeyError, TemplateError) as e:
-            raise RequestError(f"cannot apply the chat template of {state.settings.model_path}: {e}") from e
+        text = render_template(
+            state, messages, generation_prompt=generation_prompt, tokenize=False,
+            tools=session.tools, **session.template_kwargs,
+        )  # fmt: skip
+        assert isinstance(text, str)
+        return text
 
     return render
 
@@ -172,12 +166,18 @@ async def session_chat(state: ServerState, request: Request) -> Response:
             return JSONResponse({"error": {"message": str(e), "turn": e.turn}}, status_code=409)
         except TemplateNotIncremental as e:
             return error_response(str(e))
-        response, outs = await answer_chat(state, req, record.ids, with_logprobs=True)
-        if not outs or outs[0]["meta_info"]["finish_reason"]["type"] == "abort":
+        response, answers = await answer_chat(state, req, record.ids, with_logprobs=True)
+        if not answers or answers[0][1].finish_reason == "abort":
             return response
-        out = outs[0]
-        message, reason, _ = reply_message(req, out)
+        out, reply = answers[0]  # the message the client got, tool-call ids included
         logprobs = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
-        add_reply(record, out["output_ids"], logprobs, out["meta_info"]["weight_version"], message, reason)
+        add_reply(
+            record,
+            out["output_ids"],
+            logprobs,
+            out["meta_info"]["weight_version"],
+            reply.message,
+            reply.finish_reason,
+        )
         session.record = record
         return response

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from grpolab.serve.chat_request import parse_chat
-from grpolab.serve.chat_response import TokenText, choice
+from grpolab.serve.chat_response import TokenText, choice, reply_message
 from grpolab.serve.stops import find_stop
 from grpolab.serve.tool_calls import parse_tool_calls
 
@@ -65,7 +65,8 @@ def test_a_parsed_answer_is_a_valid_openai_chat_completion(tiny_model_dir):
     req = parse_chat(body, eos_ids=(0,), deterministic=True)
     text = "Sure. " + CALL
     ids = tok.encode(text, add_special_tokens=False)
-    ch = choice(req, 0, _out(text, ids, {"type": "stop", "matched": 0}), [1, 2, 3], TokenText(tok))
+    out = _out(text, ids, {"type": "stop", "matched": 0})
+    ch = choice(req, 0, out, reply_message(req, out), [1, 2, 3], TokenText(tok))
     full = {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [ch]}
     parsed = oa.ChatCompletion.model_validate(full)
     call = parsed.choices[0].message.tool_calls[0]
@@ -73,9 +74,8 @@ def test_a_parsed_answer_is_a_valid_openai_chat_completion(tiny_model_dir):
     assert parsed.choices[0].finish_reason == "tool_calls" and parsed.choices[0].message.content == "Sure."
     assert ch["response_token_ids"] == ids and ch["prompt_token_ids"] == [1, 2, 3]
     assert b"".join(bytes(e["bytes"]) for e in ch["logprobs"]["content"]).decode() == text
-    bad = choice(
-        req, 0, _out("<tool_call>{bad</tool_call>", ids, {"type": "stop", "matched": 0}), [1], TokenText(tok)
-    )
+    bad_out = _out("<tool_call>{bad</tool_call>", ids, {"type": "stop", "matched": 0})
+    bad = choice(req, 0, bad_out, reply_message(req, bad_out), [1], TokenText(tok))
     assert bad["message"] == {"role": "assistant", "content": "<tool_call>{bad</tool_call>"}
     assert bad["finish_reason"] == "stop"
 
