@@ -179,6 +179,10 @@ def _dispatch(argv: list[str] | None) -> int:
         return run_train_command(parser, args, argv)
     if args.command == "hash":
         return run_hash_command(args)
+    if args.command == "check" and args.check_kind == "turns":
+        from grpolab.rollout.turns_command import run_turns_command
+
+        return run_turns_command(args)
     if args.command == "check":
         from grpolab.checkers.template_command import run_check_command
 

@@ -23,6 +23,7 @@ from grpolab.checkers import (
     model_hash,
     numeric_guard,
     step_hash,
+    turns,
     weight_update,
     weight_version,
 )
@@ -32,6 +33,7 @@ from grpolab.core.atomic import atomic_write_json
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.engine.base import ChecksWeights, RolloutEngine, capability
+from grpolab.core.turns.episode import episode_of
 from grpolab.rundir.writer import RunDirectory
 
 if TYPE_CHECKING:
@@ -66,6 +68,7 @@ class CheckHarness:
                 ci.ci_metric_checker_key, ci.ci_metric_checker_threshold, ci.ci_metric_checker_expect_num
             )
         self._first_step_seen = False
+        self.tokenizer: object = None
 
     def _verdict(self, checker: str, ok: bool, **details: object) -> None:
         self.run_dir.event("check", checker=checker, ok=ok, **details)
@@ -78,8 +81,17 @@ class CheckHarness:
             raise
         self._verdict(checker, True, **details)
 
-    def know_run(self, *, vocab_size: int, chat_template_unapplied: bool, filters_support: bool) -> None:
-        """What the log-prob checker learns once the run's parts are built (see `logprobs.RunFacts`)."""
+    def know_run(
+        self,
+        *,
+        vocab_size: int,
+        chat_template_unapplied: bool,
+        filters_support: bool,
+        tokenizer: object = None,
+    ) -> None:
+        """What the log-prob checker learns once the run's parts are built (see `logprobs.RunFacts`), and
+        the tokenizer the turns audit renders multi-turn samples with."""
+        self.tokenizer = tokenizer
         self.logprobs.facts = dataclasses.replace(
             self.logprobs.facts,
             vocab_size=vocab_size,
@@ -139,7 +151,8 @@ class CheckHarness:
         )
 
     def after_advantages(self, rollout_id: int, samples: list[Sample]) -> None:
-        """GRPO numeric guard: warn, and under --ci-test fail."""
+        """GRPO numeric guard: warn, and under --ci-test fail; under --ci-test the turns audit of the
+        rollout's multi-turn samples (checkers/turns.py)."""
         findings = numeric_guard.guard_rewards(
             torch.tensor([s.reward for s in samples], dtype=torch.float64),
             torch.tensor([s.group_index for s in samples]),
@@ -153,6 +166,12 @@ class CheckHarness:
             self._run(
                 "numeric_guard",
                 lambda: numeric_guard.raise_on_findings(findings, rollout_id=rollout_id),
+                rollout_id=rollout_id,
+            )
+        if self.ci.ci_test and self.tokenizer is not None and any(episode_of(s.metadata) for s in samples):
+            self._run(
+                "turns",
+                lambda: turns.check_turns(samples, self.tokenizer, rollout_id=rollout_id),
                 rollout_id=rollout_id,
             )
 

@@ -15,9 +15,12 @@ PROG = "grpolab check template"
 
 
 def add_check_parser(sub: argparse._SubParsersAction) -> None:
-    """Add `grpolab check` and its kinds (`template`) to the `grpolab` subparsers (imports no torch)."""
-    check = sub.add_parser("check", help="check a model's setup before a run (grpolab check template)")
-    kinds = check.add_subparsers(dest="check_kind", required=True, metavar="{template}")
+    """Add `grpolab check` and its kinds (`template`, and `turns`: its command is
+    rollout/turns_command.py, which reads recordings) to the `grpolab` subparsers (imports no torch)."""
+    check = sub.add_parser(
+        "check", help="check a model's setup before a run, or a multi-turn recording (template, turns)"
+    )
+    kinds = check.add_subparsers(dest="check_kind", required=True, metavar="{template,turns}")
     t = kinds.add_parser(
         "template",
         help="is the chat template append-only across turns, and what it does to answer log-probs",
@@ -44,6 +47,26 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     )
     t.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (default: 64)")
     t.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    add_turns_parser(kinds)
+
+
+def add_turns_parser(kinds: argparse._SubParsersAction) -> None:
+    """Add `turns` to `grpolab check`'s kinds (imports no torch)."""
+    t = kinds.add_parser(
+        "turns",
+        help="are a multi-turn recording's ids the chat template's between turns (the drift auditor)",
+        description=(
+            "Re-render each recorded multi-turn sample's messages with the chat template and compare the "
+            "ids between the model's replies with the template's: exit 0 clean, 1 a turn boundary or "
+            "mask invariant broken (naming the sample, the turn, the token and the cause), 2 bad input."
+        ),
+    )
+    t.add_argument("recordings", nargs="+", metavar="RECORDING", help=".grz rollout recordings")
+    t.add_argument(
+        "--hf-checkpoint", metavar="M", help="model directory whose tokenizer and chat template to use "
+        "(default: the recording run's --hf-checkpoint, from its run.json)",
+    )  # fmt: skip
+    t.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
 
 
 def run_check_command(args: argparse.Namespace) -> int:

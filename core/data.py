@@ -24,12 +24,15 @@ class Prompt:
         text: the prompt string given to the tokenizer (chat template applied when asked).
         prompt_ids: token ids of `text`.
         label: the reference answer as a string (from `--label-key`).
+        messages: the chat messages `text` renders (with `apply_chat_template`), else None; a
+            multi-turn rollout's history starts from them.
     """
 
     index: int
     text: str
     prompt_ids: list[int]
     label: str
+    messages: list[dict] | None = None
 
 
 def prompt_file(path: str | Path, flag: str = "--prompt-data") -> Path:
@@ -139,6 +142,8 @@ class PromptDataset:
         input_key / label_key: `--input-key` / `--label-key`.
         apply_chat_template: wrap the input as a user message and add the generation prompt.
         flag: the flag named in messages ("--prompt-data", or "--eval-prompt-data NAME").
+        tools: OpenAI tool specs passed to the chat template as `tools` (a multi-turn tool rollout's
+            `--generate-tool-specs-path`), or None.
 
     Raises:
         ValueError / FileNotFoundError: the file (`read_rows`) or its rows (`check_rows`) are bad, or
@@ -154,6 +159,7 @@ class PromptDataset:
         label_key: str,
         apply_chat_template: bool,
         flag: str = "--prompt-data",
+        tools: list[dict] | None = None,
     ) -> None:
         self.path = Path(path)
         self.rows, lines = read_rows_and_lines(path, flag)
@@ -172,6 +178,7 @@ class PromptDataset:
         self.input_key = input_key
         self.label_key = label_key
         self.apply_chat_template = apply_chat_template
+        self.tools = tools
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -179,13 +186,18 @@ class PromptDataset:
     def __getitem__(self, index: int) -> Prompt:
         row = self.rows[index]
         content = row[self.input_key]
+        messages = None
         if self.apply_chat_template:
             messages = content if isinstance(content, list) else [{"role": "user", "content": str(content)}]
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            extra = {"tools": self.tools} if self.tools else {}
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **extra
+            )
         else:
             text = str(content)
         prompt_ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return Prompt(index=index, text=text, prompt_ids=prompt_ids, label=str(row[self.label_key]))
+        label = str(row[self.label_key])
+        return Prompt(index=index, text=text, prompt_ids=prompt_ids, label=label, messages=messages)
 
 
 def check_rows(

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 
-def import_callable(path: str, flag: str) -> Callable[..., Any]:
-    """The callable `path` ("package.module.function", importable from sys.path / PYTHONPATH) names.
+def import_attribute(path: str, flag: str) -> Any:
+    """The attribute `path` ("package.module.NAME", importable from sys.path / PYTHONPATH) names.
 
     Raises:
         ValueError: naming `flag` and `path`: no module part, the module does not import (its error
-            quoted), no such attribute, or not callable.
+            quoted), or no such attribute.
     """
     module_name, _, attribute = path.rpartition(".")
     if not module_name or not attribute:
@@ -30,7 +30,16 @@ def import_callable(path: str, flag: str) -> Callable[..., Any]:
         ) from error
     if not hasattr(module, attribute):
         raise ValueError(f"{flag} {path!r}: module {module_name!r} has no attribute {attribute!r}")
-    fn = getattr(module, attribute)
+    return getattr(module, attribute)
+
+
+def import_callable(path: str, flag: str) -> Callable[..., Any]:
+    """The callable `path` ("package.module.function") names (`import_attribute`, then callable).
+
+    Raises:
+        ValueError: what `import_attribute` raises, or the attribute is not callable.
+    """
+    fn = import_attribute(path, flag)
     if not callable(fn):
         raise ValueError(f"{flag} {path!r}: {path} is not callable ({type(fn).__name__})")
     return fn

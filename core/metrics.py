@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from grpolab.core.batch import Sample
+from grpolab.core.turns.episode import episode_counts
 
 
 def _sample_mean(values: list[torch.Tensor], masks: list[torch.Tensor]) -> float:
@@ -42,7 +43,9 @@ def rollout_metrics(
     entropy: list[torch.Tensor] | None,
     rollout_id: int,
 ) -> dict[str, float]:
-    """The `rollout N:` line: reward, length, truncation, zero-std groups and token-level means.
+    """The `rollout N:` line: reward, length, truncation, zero-std groups and token-level means; for
+    multi-turn samples also `rollout/num_turns`, `rollout/tool_calls` and `rollout/trainable_tokens`
+    (means per sample) and `rollout/tool_parse_errors` (the rollout's count).
 
     Args:
         samples: the rollout's samples with rewards and advantages filled in.
@@ -81,6 +84,10 @@ def rollout_metrics(
     n_groups = len(groups)
     out["rollout/zero_std/all_zero_percentage"] = zero_std.get("0", 0) / n_groups
     out["rollout/zero_std/all_one_percentage"] = zero_std.get("1", 0) / n_groups
+    turns = episode_counts([s.metadata for s in samples])
+    if turns:  # multi-turn samples (core/turns/episode.py): turns, tool calls, trainable tokens
+        out.update(turns)
+        out["rollout/trainable_tokens"] = sum(float(m.sum()) for m in masks) / len(samples)
     out["rollout/step"] = float(rollout_id)
     return out
 

@@ -26,3 +26,13 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
+
+
+def derive_turn_seed(sample_seed: int, turn: int) -> int:
+    """The sampling seed of model turn `turn` (0-based) of a multi-turn sample: turn 0 uses the sample's
+    own seed (so a one-turn episode samples what a single-turn rollout samples), later turns a 63-bit
+    SHA-256 digest of (sample seed, turn)."""
+    if turn == 0:
+        return sample_seed
+    digest = hashlib.sha256(f"grpolab/turn/{sample_seed}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from grpolab.core.dist import DistContext
     from grpolab.core.engine.base import RolloutEngine, SamplingParams
     from grpolab.core.metrics import PhaseTimer
+    from grpolab.core.turns.tools import ToolSet
     from grpolab.replay.replayer import RunIdentity
     from grpolab.rundir.writer import RunDirectory
 
@@ -52,6 +53,7 @@ class RolloutInputs:
     timer: PhaseTimer
     dist: DistContext
     custom_reward: Any | None
+    tools: ToolSet | None = None
 
 
 class RolloutPath(Protocol):

@@ -148,6 +148,7 @@ class CentralPath(LivePath):
                     rollout_id=rollout_id,
                     indices=rollout_indices(self.config, inputs.dataset, rollout_id),
                     first=0,
+                    tools=inputs.tools,
                 )
             version = newest_weight_version(whole or [])
             received = broadcast_samples(whole, dist_ctx, rollout_id=rollout_id, weight_version=version)

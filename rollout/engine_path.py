@@ -38,4 +38,5 @@ class EnginePath(LivePath):
                 rollout_id=rollout_id,
                 indices=indices[first : first + share],
                 first=first,
+                tools=inputs.tools,
             )

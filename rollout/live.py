@@ -16,7 +16,9 @@ from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset, rollout_prompt_indices
 from grpolab.core.engine.base import GenerationRequest, RolloutEngine, SamplingParams
 from grpolab.core.seeding import derive_sample_seed
+from grpolab.core.turns.tools import ToolSet
 from grpolab.rollout.base import RolloutInputs
+from grpolab.rollout.multi_turn import generate_episodes
 from grpolab.rollout.scoring import score
 
 
@@ -40,14 +42,22 @@ def generate(
     rollout_id: int,
     indices: list[int],
     first: int,
+    tools: ToolSet | None = None,
 ) -> list[Sample]:
     """Answers for the prompts at `indices` (rows of `dataset`), the first being prompt `first` of the
     rollout (sample and group indices count from there): `--n-samples-per-prompt` samples per prompt,
     in prompt order.
 
+    With `tools` (`--generate-execute-tool-function-path`) each answer is a multi-turn episode
+    (rollout/multi_turn.py), numbered the same way.
+
     Raises:
         RuntimeError: the engine failed or died (core/engine/client.py, after `--engine-failure-timeout`).
     """
+    if tools is not None:
+        return generate_episodes(
+            config, engine, dataset, sampling, tools, rollout_id=rollout_id, indices=indices, first=first
+        )
     prompts = [dataset[i] for i in indices]
     n, seed = config.rollout.n_samples_per_prompt, config.run.seed
     meta = [

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpolab.core.turns.tool_calls import tool_names_of
 from grpolab.serve.protocol import (
     ParsedSampling,
     RequestError,
@@ -25,7 +26,6 @@ from grpolab.serve.protocol import (
     parse_sampling,
     top_logprobs_count,
 )
-from grpolab.serve.tool_calls import tool_names_of
 
 CHAT_KEYS: tuple[str, ...] = (
     "bootstrap_host", "bootstrap_port", "bootstrap_room", "routed_dp_rank", "disagg_prefill_dp_rank",

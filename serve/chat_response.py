@@ -19,8 +19,8 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from grpolab.core.turns.tool_calls import parse_tool_calls
 from grpolab.serve.chat_request import ChatRequest
-from grpolab.serve.tool_calls import parse_tool_calls
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _TOKEN_TEXTS: dict[int, TokenText] = {}

@@ -2,7 +2,7 @@
 
 Routes: `POST /sessions` -> `{"session_id"}`; `POST /sessions/<id>/v1/chat/completions` takes the
 whole message history each turn (as agents send it) and generates on the session's ids plus only
-the new messages tokenised (`session_tokens.py` gives the rule); `GET /sessions/<id>` returns the
+the new messages tokenised (`core/turns/record.py` gives the rule); `GET /sessions/<id>` returns the
 token record (ids, per-token source and turn, loss mask, log-probs, weight version per generated
 token); `DELETE /sessions/<id>` forgets it. A history that rewrites an earlier message is a 409
 naming the message; an unknown session is a 404; a turn sent while the session's previous turn
@@ -19,11 +19,8 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from grpolab.serve.chat_request import ChatRequest, parse_chat
-from grpolab.serve.http import error_response, read_object
-from grpolab.serve.openai import answer_chat, render_template, template_ids
-from grpolab.serve.protocol import RequestError
-from grpolab.serve.session_tokens import (
+from grpolab.core.turns.codec import ChatCodec
+from grpolab.core.turns.record import (
     HistoryRewrite,
     Render,
     TemplateNotIncremental,
@@ -32,6 +29,10 @@ from grpolab.serve.session_tokens import (
     append_turn,
     new_messages,
 )
+from grpolab.serve.chat_request import ChatRequest, parse_chat
+from grpolab.serve.http import error_response, read_object
+from grpolab.serve.openai import answer_chat, render_template, template_ids
+from grpolab.serve.protocol import RequestError
 from grpolab.serve.state import ServerState
 
 MAX_SESSIONS = 1024
@@ -108,7 +109,7 @@ def _next_record(state: ServerState, session: Session, req: ChatRequest) -> Toke
 
     Raises:
         RequestError: n > 1, `input_ids`, tools or template arguments that differ from the first turn's.
-        HistoryRewrite / TemplateNotIncremental: from `session_tokens`.
+        HistoryRewrite / TemplateNotIncremental: from `core.turns.record`.
     """
     if req.n != 1:
         raise RequestError(f"a session is one trajectory: n must be 1, got {req.n}")
@@ -129,20 +130,8 @@ def _next_record(state: ServerState, session: Session, req: ChatRequest) -> Toke
             "rendered with those)", turn=0
         )  # fmt: skip
     added = new_messages(record, req.messages)
-    tok = state.tokenizer
-    backend = getattr(
-        tok, "backend_tokenizer", None
-    )  # a fast tokenizer's Rust side: the same ids, less Python
-
-    def encode(text: str) -> list[int]:
-        if backend is not None:
-            return backend.encode(text, add_special_tokens=False).ids
-        return tok.encode(text, add_special_tokens=False)
-
-    def decode(ids) -> str:
-        return tok.decode(list(ids), skip_special_tokens=False)
-
-    append_turn(record, added, _render(state, session), encode, decode)
+    codec = ChatCodec(state.tokenizer)
+    append_turn(record, added, _render(state, session), codec.encode, codec.decode)
     return record
 
 

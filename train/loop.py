@@ -84,6 +84,7 @@ class GRPORun:
             vocab_size=len(parts.tokenizer),
             chat_template_unapplied=parts.chat_template_unapplied,
             filters_support=parts.sampling.filters_support,
+            tokenizer=parts.tokenizer,
         )
         # every rollout/sync/eval call goes through the engine's client (fails after --engine-failure-timeout)
         self.engine, self.actor, self.colocation = parts.engine, parts.actor, parts.colocation

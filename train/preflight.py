@@ -44,6 +44,7 @@ from grpolab.core.model_files import (
     padding_id_problem,
     split_checkpoint,
 )
+from grpolab.core.turns.tools import load_tools
 from grpolab.monitor.checks import check_profiling_start
 from grpolab.monitor.hub import check_monitoring
 from grpolab.train.launch import check_on_this_machine
@@ -59,7 +60,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     torchrun's WORLD_SIZE; 1 otherwise), for `--profile-ranks`. `rank`: this process's rank (None: torchrun's
     RANK, 0 outside torchrun and in the launcher of `--nproc-per-node`); the rollout servers are checked
     on rank 0 only (`check_rollout_servers`).
-    Imports no torch or transformers; imports the user's `--custom-rm-path` module.
+    Imports no torch or transformers; imports the user's `--custom-rm-path` and tool modules.
 
     Raises:
         ValueError / FileNotFoundError: naming the flag and the file or address (`grpolab train` exits 2).
@@ -83,6 +84,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     check_chat_template(config)
     check_prompt_data(config)
     check_reward(config)
+    load_tools(config.agent)  # --generate-execute-tool-function-path imports, its specs are tool specs
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
     check_profiling_start(config, world_size=world_size)  # --profile-ranks, --memory-recorder
     if (int(os.environ.get("RANK", "0")) if rank is None else rank) == 0:

@@ -32,6 +32,7 @@ from grpolab.core.metrics import PhaseTimer
 from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
 from grpolab.core.seeding import seed_everything
 from grpolab.core.shared_prefix import unsupported_reason
+from grpolab.core.turns.tools import load_tools
 from grpolab.replay.fingerprints import chat_template_hash, tokenizer_fingerprint
 from grpolab.replay.replayer import RolloutRecorder, RunIdentity
 from grpolab.rollout import RolloutInputs, RolloutPath, build_rollout_path, load_reward
@@ -122,7 +123,10 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         "label_key": cfg.data.label_key,
         "apply_chat_template": cfg.data.apply_chat_template,
     }
-    dataset = PromptDataset(cfg.data.prompt_data, tokenizer, **dataset_kw)
+    tools = load_tools(cfg.agent)  # the tool loop's specs and executor, or None for single-turn rollouts
+    dataset = PromptDataset(
+        cfg.data.prompt_data, tokenizer, tools=tools.specs if tools else None, **dataset_kw
+    )
     eval_sets = {
         name: PromptDataset(path, tokenizer, flag=f"--eval-prompt-data {name}", **dataset_kw)
         for name, path in cfg.eval.datasets
@@ -152,6 +156,7 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
             timer=timer,
             dist=dist,
             custom_reward=custom_reward,
+            tools=tools,
         )
     )
     recorder = None

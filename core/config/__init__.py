@@ -9,7 +9,7 @@ estimators in core/algorithms.py, dtypes in core/dtypes.py). No check depends on
 hardware, so `Config.from_dict` reads any run's run.json anywhere; `grpolab train` checks the device
 when it starts (train/launch.py). `Config.to_dict()` is what run.json stores as the resolved config.
 
-Sections: `generation` (model, data, rollout, reward, eval), `training` (algorithm, optimizer,
+Sections: `generation` (model, data, rollout, reward, eval), `agent` (multi-turn tool rollouts), `training` (algorithm, optimizer,
 colocate, checkpoint), `debugging` (debug, ci), `monitoring` (monitoring, profiling) and `RunConfig` below. Importing this package imports
 no torch; constructing a config imports the registries (and so torch).
 """
@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpolab.core.config.agent import AgentConfig
 from grpolab.core.config.debugging import CIConfig, DebugConfig
 from grpolab.core.config.generation import (
     DEFAULT_CHECKPOINT,
@@ -37,6 +38,7 @@ from grpolab.core.config.training import AlgorithmConfig, CheckpointConfig, Colo
 from grpolab.core.config.validation import require, require_finite
 
 __all__ = [
+    "AgentConfig",
     "DEFAULT_CHECKPOINT",
     "DEFAULT_PROMPT_DATA",
     "FIXTURES_DIR",
@@ -111,6 +113,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     colocate: ColocateConfig = field(default_factory=ColocateConfig)
@@ -137,6 +140,11 @@ class Config:
         require(  # after the engines conflict: `--rollout-num-engines 2 --debug-train-only` names that first
             not self.debug.debug_train_only or self.debug.load_debug_rollout_data is not None,
             "--debug-train-only needs --load-debug-rollout-data PATH: without an engine the recordings are the only data",
+        )
+        require(
+            not self.agent.multi_turn or self.data.apply_chat_template,
+            "--generate-execute-tool-function-path needs --apply-chat-template: the tool loop renders each "
+            "turn's messages with the checkpoint's chat template",
         )
         require(
             self.ci.ci_metric_checker_key is None or bool(self.eval.eval_prompt_data),

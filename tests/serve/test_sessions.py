@@ -8,7 +8,7 @@ import pytest
 from serving import start_server, stop_server
 from transformers import AutoTokenizer
 
-from grpolab.serve.session_tokens import TemplateNotIncremental, TokenRecord, add_reply, append_turn
+from grpolab.core.turns.record import TemplateNotIncremental, TokenRecord, add_reply, append_turn
 
 USER = {"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does Tom have?"}
 TOOL = {"role": "tool", "content": "7"}

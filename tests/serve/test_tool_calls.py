@@ -1,4 +1,4 @@
-"""Tool calls, stop strings and chat answers built without a server (serve/tool_calls.py, stops.py,
+"""Tool calls, stop strings and chat answers built without a server (core/turns/tool_calls.py, serve/stops.py,
 chat_response.py), checked against the real `openai` package's response types."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import openai.types.chat as oa
 import pytest
 from transformers import AutoTokenizer
 
+from grpolab.core.turns.tool_calls import parse_tool_calls
 from grpolab.serve.chat_request import parse_chat
 from grpolab.serve.chat_response import TokenText, choice, reply_message
 from grpolab.serve.stops import find_stop
-from grpolab.serve.tool_calls import parse_tool_calls
 
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "3 + 4"}}\n</tool_call>'
 

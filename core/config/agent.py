@@ -1,0 +1,68 @@
+"""Config section of multi-turn tool rollouts (Miles' `generate_hub/multi_turn.py` flags).
+
+The string after each field is its documentation and the help text of its `grpolab train` flag.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from grpolab.core.config.validation import require
+
+TOOL_CALL_PARSERS = ("qwen25", "hermes")
+"""`--generate-tool-call-parser` names this engine reads: both are the `<tool_call>{json}</tool_call>`
+format (SGLang's `qwen25` and `hermes` detectors read the same blocks; core/turns/tool_calls.py)."""
+
+
+@dataclass(kw_only=True)
+class AgentConfig:
+    """Multi-turn tool rollouts: the model writes, calls a tool, reads the result and writes again."""
+
+    generate_execute_tool_function_path: str | None = None
+    """pkg.module.function that runs one tool call, Miles' contract: `async def execute_tool(name: str,
+    params: dict) -> str` (the tool message's content). Setting it turns on the multi-turn tool loop:
+    each sample's turns are generated until a reply calls no tool, --generate-max-turns is reached or
+    the response budget is spent; model tokens get loss mask 1, tool, user and template tokens 0."""
+    generate_tool_specs_path: str | None = None
+    """The tools offered to the model, as the chat template's `tools`: a pkg.module.NAME attribute (Miles
+    loads it so) or a .json file, holding OpenAI tool specs ([{"type": "function", "function": {"name",
+    "description", "parameters"}}]). A reply calling a tool not listed is the model's text, counted in
+    rollout/tool_parse_errors."""
+    generate_max_turns: int = 16
+    """At most this many model turns per sample in the tool loop (Miles' default 16)."""
+    generate_tool_call_parser: str = "qwen25"
+    """How tool calls are read from a reply: qwen25 | hermes (both the <tool_call>{json}</tool_call>
+    format)."""
+    rollout_max_context_len: int | None = None
+    """Tokens the prompt and every turn together may hold (Miles' flag); a sample whose context
+    reaches it ends with finish "length". Default: no cap but --rollout-max-response-len."""
+    agent_timeout: float = 60.0
+    """Seconds one tool call may take; past it the run fails naming the tool, the call and the sample."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.generate_max_turns >= 1, f"--generate-max-turns must be >= 1, got {self.generate_max_turns}"
+        )
+        require(
+            self.generate_tool_call_parser in TOOL_CALL_PARSERS,
+            f"--generate-tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)} (the <tool_call> "
+            f"format), got {self.generate_tool_call_parser!r}",
+        )
+        require(
+            self.rollout_max_context_len is None or self.rollout_max_context_len >= 2,
+            f"--rollout-max-context-len must be >= 2 tokens, got {self.rollout_max_context_len}",
+        )
+        require(
+            0 < self.agent_timeout < math.inf,
+            f"--agent-timeout must be a finite number of seconds > 0, got {self.agent_timeout}",
+        )
+        require(
+            self.generate_tool_specs_path is None or self.multi_turn,
+            "--generate-tool-specs-path needs --generate-execute-tool-function-path (who runs the tools)",
+        )
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether rollouts run the multi-turn tool loop."""
+        return self.generate_execute_tool_function_path is not None

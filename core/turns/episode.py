@@ -1,0 +1,94 @@
+"""A multi-turn sample's record in its metadata: the one writer and reader of `metadata["multi_turn"]`.
+
+A multi-turn sample is one `Sample` whose response is every token after the first prompt: model turns
+(loss mask 1), the template's boundary tokens and the tool / user messages (mask 0). Its metadata
+holds what a replay, `grpolab check turns` and the Rollouts page need (JSON, so a recording carries it):
+
+- `messages`: the conversation, each assistant message's content the model's own text (tool-call
+  markup inline, as Miles' trajectories keep it), each tool message with its `tool_call_id`;
+- `tools`: the tool specs the template rendered the prompt with (absent when none);
+- `multi_turn`: `spans` ([source, turn, tokens] runs over the response: core/turns/record.py's
+  sources), `weight_versions` and `finish_reasons` and `reply_lengths` per model turn, `tool_calls`
+  (turn, call, name, arguments, result: each result keyed by (turn, call)), `tool_parse_errors`,
+  `ended` (why the episode stopped: "answer", "max_turns", "length", "context").
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Any
+
+from grpolab.core.turns.record import TokenRecord
+
+KEY = "multi_turn"
+ENDINGS = ("answer", "max_turns", "length", "context")
+"""Why an episode stopped: a reply called no tool; the turn limit; the response budget; the context cap."""
+
+
+def episode_metadata(
+    record: TokenRecord, *, tools: list[dict], tool_calls: list[dict], parse_errors: int, ended: str
+) -> dict[str, Any]:
+    """A sample's metadata for the episode `record` holds (see the module docstring)."""
+    P = record.prompt_length
+    spans = [
+        [source, turn, len(list(run))]
+        for (source, turn), run in groupby(zip(record.sources[P:], record.turns[P:]))
+    ]
+    versions = [
+        int(v) for v, s in zip(record.weight_versions, record.sources) if s == "model" and v is not None
+    ]
+    per_turn = [
+        versions[sum(record.reply_lengths[:k])] if n else 0 for k, n in enumerate(record.reply_lengths)
+    ]
+    out: dict[str, Any] = {
+        "messages": record.messages,
+        KEY: {
+            "spans": spans,
+            "weight_versions": per_turn,
+            "finish_reasons": record.finish_reasons,
+            "reply_lengths": record.reply_lengths,
+            "tool_calls": tool_calls,
+            "tool_parse_errors": parse_errors,
+            "ended": ended,
+        },
+    }
+    if tools:
+        out["tools"] = tools
+    return out
+
+
+def episode_of(metadata: dict | None) -> dict | None:
+    """The `multi_turn` part of a sample's metadata, or None for a single-turn sample."""
+    if not isinstance(metadata, dict):
+        return None
+    part = metadata.get(KEY)
+    return part if isinstance(part, dict) else None
+
+
+def response_sources(episode: dict) -> list[tuple[str, int]]:
+    """(source, turn) of every response token, from the episode's spans.
+
+    Raises:
+        ValueError: the spans are not [source: str, turn: int, tokens: int >= 0] triples.
+    """
+    out: list[tuple[str, int]] = []
+    for i, span in enumerate(episode.get("spans") or []):
+        ok = isinstance(span, list) and len(span) == 3 and isinstance(span[0], str)
+        if not ok or not all(isinstance(x, int) and x >= 0 for x in span[1:]):
+            raise ValueError(f"multi_turn.spans[{i}] is not [source, turn, tokens]: {span!r}")
+        out += [(span[0], span[1])] * span[2]
+    return out
+
+
+def episode_counts(samples_metadata: list[dict | None]) -> dict[str, float]:
+    """`rollout/num_turns`, `rollout/tool_calls` (means per sample) and `rollout/tool_parse_errors` (the
+    rollout's count) over multi-turn samples' metadata; {} when none is multi-turn."""
+    episodes = [e for e in map(episode_of, samples_metadata) if e is not None]
+    if not episodes:
+        return {}
+    n = len(episodes)
+    return {
+        "rollout/num_turns": sum(len(e.get("finish_reasons") or []) for e in episodes) / n,
+        "rollout/tool_calls": sum(len(e.get("tool_calls") or []) for e in episodes) / n,
+        "rollout/tool_parse_errors": float(sum(int(e.get("tool_parse_errors") or 0) for e in episodes)),
+    }

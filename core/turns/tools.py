@@ -1,0 +1,140 @@
+"""The multi-turn tool loop's tools: their specs (`--generate-tool-specs-path`) and the function that
+runs a call (`--generate-execute-tool-function-path`, Miles' `async def execute_tool(name, params) -> str`).
+
+Loaded once before the first rollout, so a spec that is not an OpenAI tool list, a parameters schema that
+is not a JSON schema, or an executor that does not import or is not `async def` stops the run at start
+naming the flag (exit 2). A call that raises, returns no string or runs past `--agent-timeout` fails the
+run naming the tool, the call, the sample and the user's file:line (as rewards do, core/reward_calls.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from grpolab.core.config.agent import AgentConfig
+from grpolab.core.dotted_path import import_attribute, import_callable
+from grpolab.core.reward_calls import error_location, function_name, is_async
+from grpolab.core.turns.tool_calls import ToolCall, tool_names_of
+
+SPECS_FLAG = "--generate-tool-specs-path"
+EXECUTE_FLAG = "--generate-execute-tool-function-path"
+
+
+class ToolError(RuntimeError):
+    """A tool call failed: raised, returned no string, or ran past `--agent-timeout` (the message names
+    the tool, the call, the sample and where it raised)."""
+
+
+@dataclass(frozen=True)
+class ToolSet:
+    """The tools of a run.
+
+    Attributes:
+        specs: the OpenAI tool specs given to the chat template ([] when none were named).
+        names: the tools a reply may call (empty: any name).
+        execute: `async (name, params) -> str`.
+        timeout: `--agent-timeout`, seconds per call.
+    """
+
+    specs: list[dict]
+    names: tuple[str, ...]
+    execute: Callable[[str, dict], Awaitable[Any]]
+    timeout: float
+
+    async def run(self, call: ToolCall, *, where: str) -> str:
+        """The tool message content of one call.
+
+        Args:
+            call: the parsed call (its arguments a JSON object text).
+            where: names the call in errors, e.g. "sample 3, turn 1, call 0".
+
+        Raises:
+            ToolError: see the class.
+        """
+        name = function_name(self.execute)
+        params = json.loads(call.arguments)
+        try:
+            result = await asyncio.wait_for(self.execute(call.name, params), self.timeout)
+        except TimeoutError as e:
+            raise ToolError(
+                f"{EXECUTE_FLAG} {name} ran past --agent-timeout {self.timeout:g} s on {where} "
+                f"(tool {call.name!r}, arguments {call.arguments})"
+            ) from e
+        except Exception as e:
+            raise ToolError(
+                f"{EXECUTE_FLAG} {name} raised {type(e).__name__}: {e} on {where} (tool {call.name!r}, "
+                f"arguments {call.arguments}){error_location(self.execute, e)}"
+            ) from e
+        if not isinstance(result, str):
+            raise ToolError(
+                f"{EXECUTE_FLAG} {name} returned {type(result).__name__} on {where} (tool {call.name!r}): "
+                "a tool's result is the tool message's content, a str (Miles' contract)"
+            )
+        return result
+
+
+def load_tool_specs(path: str) -> list[dict]:
+    """The tool specs `--generate-tool-specs-path` names: a `.json` file or a `pkg.module.NAME` attribute.
+
+    Raises:
+        ValueError: naming the flag: the file or attribute is missing, not JSON, not a list of
+            `{type: function, function: {name, parameters}}`, or a `parameters` that is not a JSON schema.
+    """
+    if path.endswith(".json"):
+        file = Path(path)
+        try:
+            specs = json.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError as e:
+            raise ValueError(f"{SPECS_FLAG} {path}: no such file") from e
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{SPECS_FLAG} {path}: not a JSON file ({e})") from e
+    else:
+        if "." not in path:
+            raise ValueError(f"{SPECS_FLAG} {path!r} must be a .json file or 'package.module.NAME'")
+        specs = import_attribute(path, SPECS_FLAG)
+        if callable(specs):
+            specs = specs()
+    try:
+        tool_names_of(specs)
+    except ValueError as e:
+        raise ValueError(f"{SPECS_FLAG} {path}: {e}") from e
+    if not specs:
+        raise ValueError(f"{SPECS_FLAG} {path}: the tool list is empty")
+    for i, spec in enumerate(specs):
+        schema = spec["function"].get("parameters", {"type": "object"})
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as e:
+            raise ValueError(
+                f"{SPECS_FLAG} {path}: tools[{i}] ({spec['function']['name']}) parameters is not a JSON "
+                f"schema: {e.message}"
+            ) from e
+    return specs
+
+
+def load_tools(config: AgentConfig) -> ToolSet | None:
+    """The run's tools (None without `--generate-execute-tool-function-path`).
+
+    Raises:
+        ValueError: the specs (`load_tool_specs`) or the executor: not importable, not callable, or not
+            `async def` (Miles awaits it).
+    """
+    if not config.multi_turn:
+        return None
+    assert config.generate_execute_tool_function_path is not None
+    fn = import_callable(config.generate_execute_tool_function_path, EXECUTE_FLAG)
+    if not is_async(fn):
+        raise ValueError(
+            f"{EXECUTE_FLAG} {config.generate_execute_tool_function_path}: must be `async def "
+            "execute_tool(name: str, params: dict) -> str` (Miles awaits it)"
+        )
+    specs = load_tool_specs(config.generate_tool_specs_path) if config.generate_tool_specs_path else []
+    names = tuple(tool_names_of(specs))
+    return ToolSet(specs=specs, names=names, execute=fn, timeout=config.agent_timeout)
