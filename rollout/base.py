@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from grpolab.core.metrics import PhaseTimer
     from grpolab.core.turns.tools import ToolSet
     from grpolab.replay.replayer import RunIdentity
+    from grpolab.rollout.custom_generate import CustomGeneration
     from grpolab.rundir.writer import RunDirectory
 
 
@@ -54,6 +55,7 @@ class RolloutInputs:
     dist: DistContext
     custom_reward: Any | None
     tools: ToolSet | None = None
+    custom: CustomGeneration | None = None
 
 
 class RolloutPath(Protocol):

@@ -149,6 +149,7 @@ class CentralPath(LivePath):
                     indices=rollout_indices(self.config, inputs.dataset, rollout_id),
                     first=0,
                     tools=inputs.tools,
+                    custom=inputs.custom,
                 )
             version = newest_weight_version(whole or [])
             received = broadcast_samples(whole, dist_ctx, rollout_id=rollout_id, weight_version=version)

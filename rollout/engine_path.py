@@ -39,4 +39,5 @@ class EnginePath(LivePath):
                 indices=indices[first : first + share],
                 first=first,
                 tools=inputs.tools,
+                custom=inputs.custom,
             )

@@ -15,10 +15,11 @@ from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset, rollout_prompt_indices
 from grpolab.core.engine.base import GenerationRequest, RolloutEngine, SamplingParams
-from grpolab.core.seeding import derive_sample_seed
 from grpolab.core.turns.tools import ToolSet
 from grpolab.rollout.base import RolloutInputs
+from grpolab.rollout.custom_generate import CustomGeneration
 from grpolab.rollout.multi_turn import generate_episodes
+from grpolab.rollout.sample_plan import plan_samples
 from grpolab.rollout.scoring import score
 
 
@@ -43,50 +44,48 @@ def generate(
     indices: list[int],
     first: int,
     tools: ToolSet | None = None,
+    custom: CustomGeneration | None = None,
 ) -> list[Sample]:
     """Answers for the prompts at `indices` (rows of `dataset`), the first being prompt `first` of the
     rollout (sample and group indices count from there): `--n-samples-per-prompt` samples per prompt,
     in prompt order.
 
     With `tools` (`--generate-execute-tool-function-path`) each answer is a multi-turn episode
-    (rollout/multi_turn.py), numbered the same way.
+    (rollout/multi_turn.py); with `custom`, the user's generate or agent function makes it
+    (rollout/custom_generate.py); numbered the same way.
 
     Raises:
         RuntimeError: the engine failed or died (core/engine/client.py, after `--engine-failure-timeout`).
     """
+    if custom is not None:
+        return custom.generate(engine, dataset, sampling, rollout_id=rollout_id, indices=indices, first=first)
     if tools is not None:
         return generate_episodes(
             config, engine, dataset, sampling, tools, rollout_id=rollout_id, indices=indices, first=first
         )
-    prompts = [dataset[i] for i in indices]
-    n, seed = config.rollout.n_samples_per_prompt, config.run.seed
-    meta = [
-        (first + g, k, p, derive_sample_seed(seed, rollout_id, p.index, k))
-        for g, p in enumerate(prompts)
-        for k in range(n)
-    ]
-    requests = [GenerationRequest(prompt_ids=p.prompt_ids, seed=s) for _, _, p, s in meta]
+    plan = plan_samples(config, dataset, rollout_id=rollout_id, indices=indices, first=first)
+    requests = [GenerationRequest(prompt_ids=s.prompt.prompt_ids, seed=s.seed) for s in plan]
     results = engine.generate(requests, sampling)
     decode = dataset.tokenizer.decode
     return [
         Sample(
-            index=first * n + i,
-            prompt_index=p.index,
-            group_index=g,
-            sample_index=k,
-            seed=s,
-            prompt_ids=list(p.prompt_ids),
+            index=s.index,
+            prompt_index=s.prompt.index,
+            group_index=s.group,
+            sample_index=s.k,
+            seed=s.seed,
+            prompt_ids=list(s.prompt.prompt_ids),
             response_ids=list(res.response_ids),
             rollout_log_probs=res.log_probs.float().cpu(),
             loss_mask=torch.ones(len(res.response_ids), dtype=torch.float32),
             finish_reason=res.finish_reason,
-            prompt_text=p.text,
+            prompt_text=s.prompt.text,
             response_text=decode(res.response_ids, skip_special_tokens=True),
-            label=p.label,
+            label=s.prompt.label,
             kept_token_ids=res.kept_token_ids,
             weight_version=res.weight_version,
         )
-        for i, ((g, k, p, s), res) in enumerate(zip(meta, results))
+        for s, res in zip(plan, results)
     ]
 
 

@@ -27,18 +27,20 @@ from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.data import Prompt, PromptDataset
 from grpolab.core.engine.base import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
-from grpolab.core.seeding import derive_sample_seed, derive_turn_seed
+from grpolab.core.seeding import derive_turn_seed
 from grpolab.core.turns.codec import ChatCodec
 from grpolab.core.turns.episode import episode_metadata
 from grpolab.core.turns.record import TokenRecord, add_reply, append_turn
 from grpolab.core.turns.tool_calls import ToolCall, parse_tool_calls
 from grpolab.core.turns.tools import ToolSet
+from grpolab.rollout.sample_plan import plan_samples
 
 
 @dataclass
 class Episode:
     """One sample's conversation while it is generated."""
 
+    index: int
     group: int
     k: int
     prompt: Prompt
@@ -96,7 +98,7 @@ async def _run_calls(work: list[tuple[Episode, int, list[ToolCall]]], tools: Too
     """Every call of this turn, all at once: per episode, its calls' results in order."""
 
     async def one(ep: Episode, turn: int, calls: list[ToolCall]) -> list[str]:
-        where = f"sample {ep.group}:{ep.k} (prompt row {ep.prompt.index}), turn {turn + 1}"
+        where = f"sample {ep.index} (group {ep.group}, prompt row {ep.prompt.index}), turn {turn + 1}"
         return list(
             await asyncio.gather(*(tools.run(c, where=f"{where}, call {i}") for i, c in enumerate(calls)))
         )
@@ -135,17 +137,14 @@ def generate_episodes(
         core.turns.record.TemplateNotIncremental: the chat template cannot give exact turns.
     """
     codec = ChatCodec(dataset.tokenizer, tools.specs or None)
-    n, seed = config.rollout.n_samples_per_prompt, config.run.seed
     budget = config.rollout.rollout_max_response_len
     context = config.agent.rollout_max_context_len or math.inf
     episodes = []
-    for g, i in enumerate(indices):
-        p = dataset[i]
-        assert p.messages is not None  # the tool loop needs --apply-chat-template (core/config)
-        for k in range(n):
-            rec = TokenRecord(prompt_length=len(p.prompt_ids), messages=list(p.messages))
-            rec.add(p.prompt_ids, "prompt", 0)
-            episodes.append(Episode(first + g, k, p, derive_sample_seed(seed, rollout_id, p.index, k), rec))
+    for s in plan_samples(config, dataset, rollout_id=rollout_id, indices=indices, first=first):
+        assert s.prompt.messages is not None  # the tool loop needs --apply-chat-template (core/config)
+        rec = TokenRecord(prompt_length=len(s.prompt.prompt_ids), messages=list(s.prompt.messages))
+        rec.add(s.prompt.prompt_ids, "prompt", 0)
+        episodes.append(Episode(s.index, s.group, s.k, s.prompt, s.seed, rec))
     for turn in range(config.agent.generate_max_turns):
         active = [ep for ep in episodes if not ep.ended]
         if not active:
@@ -180,10 +179,10 @@ def generate_episodes(
                 ep.calls.append({"turn": turn + 1, "call": c, "id": call_id, "name": call.name, "arguments": call.arguments, "result": result})  # fmt: skip
             append_turn(ep.record, messages, codec.render, codec.encode, codec.decode)
             _fit(ep, budget, context)
-    return [_sample(ep, codec, tools, index=first * n + j) for j, ep in enumerate(episodes)]
+    return [_sample(ep, codec, tools) for ep in episodes]
 
 
-def _sample(ep: Episode, codec: ChatCodec, tools: ToolSet, *, index: int) -> Sample:
+def _sample(ep: Episode, codec: ChatCodec, tools: ToolSet) -> Sample:
     """The training sample of a finished episode (see the module docstring)."""
     rec, P = ep.record, ep.record.prompt_length
     response = rec.ids[P:]
@@ -192,7 +191,7 @@ def _sample(ep: Episode, codec: ChatCodec, tools: ToolSet, *, index: int) -> Sam
         it = iter(ep.kept)
         kept = [next(it) if s == "model" else torch.tensor([t]) for s, t in zip(rec.sources[P:], response)]
     return Sample(
-        index=index,
+        index=ep.index,
         prompt_index=ep.prompt.index,
         group_index=ep.group,
         sample_index=ep.k,

@@ -15,6 +15,7 @@ import torch
 from grpolab.core import algorithms, rewards
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
+from grpolab.core.turns.episode import agent_reward
 
 
 def load_reward(config: Config) -> Any | None:
@@ -32,12 +33,18 @@ def load_reward(config: Config) -> Any | None:
 
 
 def score(config: Config, samples: list[Sample], custom_reward: Any | None) -> None:
-    """Fill `reward` of `samples` in place (`--rm-type` or the `--custom-rm-path` function `custom_reward`).
+    """Fill `reward` of `samples` in place (`--rm-type` or the `--custom-rm-path` function `custom_reward`;
+    the samples of an agent workflow keep the reward it returned, core/turns/episode.py `agent_reward`).
 
     Raises:
         RuntimeError: the reward function raised, returned a non-finite or non-number value, or ran
             past `--reward-timeout` (core/rewards.py names the function and the sample).
     """
+    agents = [agent_reward(s.metadata) for s in samples]
+    if all(r is not None for r in agents):  # --custom-agent-function-path: the workflow scored its episodes
+        for s, r in zip(samples, agents):
+            s.reward = float(r)  # type: ignore[arg-type]
+        return
     records = [
         {
             "prompt": s.prompt_text,

@@ -44,7 +44,7 @@ from grpolab.core.model_files import (
     padding_id_problem,
     split_checkpoint,
 )
-from grpolab.core.turns.tools import load_tools
+from grpolab.core.turns.tools import load_episode_function, load_tools
 from grpolab.monitor.checks import check_profiling_start
 from grpolab.monitor.hub import check_monitoring
 from grpolab.train.launch import check_on_this_machine
@@ -85,6 +85,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     check_prompt_data(config)
     check_reward(config)
     load_tools(config.agent)  # --generate-execute-tool-function-path imports, its specs are tool specs
+    load_episode_function(config.agent)  # --custom-generate-function-path / --custom-agent-function-path
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
     check_profiling_start(config, world_size=world_size)  # --profile-ranks, --memory-recorder
     if (int(os.environ.get("RANK", "0")) if rank is None else rank) == 0:

@@ -32,11 +32,12 @@ from grpolab.core.metrics import PhaseTimer
 from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
 from grpolab.core.seeding import seed_everything
 from grpolab.core.shared_prefix import unsupported_reason
-from grpolab.core.turns.tools import load_tools
+from grpolab.core.turns.tools import load_episode_function, load_tools
 from grpolab.replay.fingerprints import chat_template_hash, tokenizer_fingerprint
 from grpolab.replay.replayer import RolloutRecorder, RunIdentity
 from grpolab.rollout import RolloutInputs, RolloutPath, build_rollout_path, load_reward
 from grpolab.rollout.central import builds_engine
+from grpolab.rollout.custom_generate import CustomGeneration
 from grpolab.rundir.reader import read_run_meta
 from grpolab.rundir.writer import RunDirectory, setup_console_logging
 from grpolab.train.colocation import Colocation
@@ -157,6 +158,7 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
             dist=dist,
             custom_reward=custom_reward,
             tools=tools,
+            custom=_custom_generation(cfg, fingerprint),
         )
     )
     recorder = None
@@ -237,6 +239,12 @@ def _warn_cannot_learn(cfg: Config, run_dir: RunDirectory) -> None:
     )
     log.warning(f"warning: {message}")
     run_dir.event("warning", code="advantages_always_zero", message=message)
+
+
+def _custom_generation(cfg: Config, fingerprint: str) -> CustomGeneration | None:
+    """The run's --custom-generate-function-path / --custom-agent-function-path function, or None."""
+    found = load_episode_function(cfg.agent)
+    return None if found is None else CustomGeneration(cfg, found[0], found[1], fingerprint)
 
 
 def _build_engine(cfg: Config) -> RolloutEngine:

@@ -142,6 +142,16 @@ class Config:
             "--debug-train-only needs --load-debug-rollout-data PATH: without an engine the recordings are the only data",
         )
         require(
+            self.agent.custom_agent_function_path is None or self.data.apply_chat_template,
+            "--custom-agent-function-path needs --apply-chat-template: the agent sends chat messages, "
+            "rendered with the checkpoint's chat template",
+        )
+        require(
+            self.agent.custom_agent_function_path is None or not self.rollout.uses_servers,
+            "--custom-agent-function-path runs on the in-process engine: its sessions through the router "
+            "of --rollout-num-engines / --sglang-router-ip are not verified (use --custom-generate-function-path)",
+        )
+        require(
             not self.agent.multi_turn or self.data.apply_chat_template,
             "--generate-execute-tool-function-path needs --apply-chat-template: the tool loop renders each "
             "turn's messages with the checkpoint's chat template",

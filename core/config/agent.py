@@ -19,6 +19,17 @@ format (SGLang's `qwen25` and `hermes` detectors read the same blocks; core/turn
 class AgentConfig:
     """Multi-turn tool rollouts: the model writes, calls a tool, reads the result and writes again."""
 
+    custom_generate_function_path: str | None = None
+    """pkg.module.function that generates one sample, Miles' contract: `async def generate(args, sample,
+    sampling_params) -> Sample`. It posts to http://{args.sglang_router_ip}:{args.sglang_router_port}
+    /generate (the fleet's router, or the run's own engine served on 127.0.0.1 for the rollout) and
+    fills sample.tokens, response, response_length, loss_mask, rollout_log_probs and status; its
+    metadata["messages"] (Miles' trajectory) lets grpolab check turns audit the turns."""
+    custom_agent_function_path: str | None = None
+    """pkg.module.function running one agent episode: `async def run(base_url, prompt, request_kwargs,
+    metadata, **kw)` speaking OpenAI chat to base_url (a token-in/token-out session of the run's engine,
+    so every turn's ids are kept exactly) and returning the reward, or one reward per model turn (summed:
+    each is kept in the sample's metadata)."""
     generate_execute_tool_function_path: str | None = None
     """pkg.module.function that runs one tool call, Miles' contract: `async def execute_tool(name: str,
     params: dict) -> str` (the tool message's content). Setting it turns on the multi-turn tool loop:
@@ -37,8 +48,9 @@ class AgentConfig:
     rollout_max_context_len: int | None = None
     """Tokens the prompt and every turn together may hold (Miles' flag); a sample whose context
     reaches it ends with finish "length". Default: no cap but --rollout-max-response-len."""
-    agent_timeout: float = 60.0
-    """Seconds one tool call may take; past it the run fails naming the tool, the call and the sample."""
+    agent_timeout: float = 300.0
+    """Seconds one tool call, one custom generate call or one agent episode may take; past it the run
+    fails naming the function and the sample (a hang guard: far above a real episode's seconds)."""
 
     def __post_init__(self) -> None:
         require(
@@ -58,11 +70,22 @@ class AgentConfig:
             f"--agent-timeout must be a finite number of seconds > 0, got {self.agent_timeout}",
         )
         require(
-            self.generate_tool_specs_path is None or self.multi_turn,
+            self.custom_generate_function_path is None or self.custom_agent_function_path is None,
+            "--custom-generate-function-path and --custom-agent-function-path both say how a sample is "
+            "generated: pass one",
+        )
+        require(
+            self.generate_tool_specs_path is None or self.generate_execute_tool_function_path is not None,
             "--generate-tool-specs-path needs --generate-execute-tool-function-path (who runs the tools)",
         )
 
     @property
     def multi_turn(self) -> bool:
-        """Whether rollouts run the multi-turn tool loop."""
-        return self.generate_execute_tool_function_path is not None
+        """Whether rollouts run the stock multi-turn tool loop (a custom generate or agent function
+        reads the tool flags itself, as Miles' generate functions do)."""
+        return self.generate_execute_tool_function_path is not None and not self.custom
+
+    @property
+    def custom(self) -> str | None:
+        """The `--custom-generate-function-path` or `--custom-agent-function-path` given, else None."""
+        return self.custom_generate_function_path or self.custom_agent_function_path

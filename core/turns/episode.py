@@ -21,6 +21,8 @@ from typing import Any
 from grpolab.core.turns.record import TokenRecord
 
 KEY = "multi_turn"
+AGENT_REWARD = "agent_rewards"
+"""Metadata key of an agent workflow's reward: a number, or one per model turn (rollout/agent_episode.py)."""
 ENDINGS = ("answer", "max_turns", "length", "context")
 """Why an episode stopped: a reply called no tool; the turn limit; the response budget; the context cap."""
 
@@ -92,3 +94,11 @@ def episode_counts(samples_metadata: list[dict | None]) -> dict[str, float]:
         "rollout/tool_calls": sum(len(e.get("tool_calls") or []) for e in episodes) / n,
         "rollout/tool_parse_errors": float(sum(int(e.get("tool_parse_errors") or 0) for e in episodes)),
     }
+
+
+def agent_reward(metadata: dict | None) -> float | None:
+    """The reward an agent workflow returned for its sample (per-turn rewards summed), or None."""
+    value = metadata.get(AGENT_REWARD) if isinstance(metadata, dict) else None
+    if isinstance(value, list):
+        return float(sum(value))
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

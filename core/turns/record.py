@@ -114,8 +114,33 @@ class TokenRecord:
             "num_turns": self.model_turns,
             "trainable_tokens": sum(mask),
             "finish_reasons": self.finish_reasons,
+            "reply_lengths": self.reply_lengths,
             "messages": self.messages,
         }
+
+    @classmethod
+    def from_json(cls, data: dict) -> TokenRecord:
+        """The record `as_json` wrote (GET /sessions/<id>).
+
+        Raises:
+            ValueError: a per-token list whose length is not the ids', or a missing field (named).
+        """
+        try:
+            ids = [int(t) for t in data["input_ids"]]
+            record = cls(
+                ids=ids, sources=list(data["sources"]), turns=[int(t) for t in data["turns"]],
+                logprobs=list(data["logprobs"]), weight_versions=list(data["weight_versions"]),
+                prompt_length=int(data["prompt_length"]), messages=list(data["messages"]),
+                finish_reasons=list(data["finish_reasons"]), reply_lengths=[int(n) for n in data["reply_lengths"]],
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a session token record ({type(e).__name__}: {e})") from e
+        for name in ("sources", "turns", "logprobs", "weight_versions"):
+            if len(getattr(record, name)) != len(ids):
+                raise ValueError(
+                    f"the record's {name} has {len(getattr(record, name))} entries for {len(ids)} ids"
+                )
+        return record
 
 
 def _same_message(sent: dict, kept: dict) -> bool:

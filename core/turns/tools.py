@@ -1,5 +1,6 @@
 """The multi-turn tool loop's tools: their specs (`--generate-tool-specs-path`) and the function that
-runs a call (`--generate-execute-tool-function-path`, Miles' `async def execute_tool(name, params) -> str`).
+runs a call (`--generate-execute-tool-function-path`, Miles' `async def execute_tool(name, params) -> str`);
+and the user's episode functions (`--custom-generate-function-path`, `--custom-agent-function-path`).
 
 Loaded once before the first rollout, so a spec that is not an OpenAI tool list, a parameters schema that
 is not a JSON schema, or an executor that does not import or is not `async def` stops the run at start
@@ -25,6 +26,12 @@ from grpolab.core.turns.tool_calls import ToolCall, tool_names_of
 
 SPECS_FLAG = "--generate-tool-specs-path"
 EXECUTE_FLAG = "--generate-execute-tool-function-path"
+GENERATE_FLAG = "--custom-generate-function-path"
+AGENT_FLAG = "--custom-agent-function-path"
+CONTRACTS = {
+    GENERATE_FLAG: "async def generate(args, sample, sampling_params) -> Sample",
+    AGENT_FLAG: "async def run(base_url, prompt, request_kwargs, metadata, **kw) -> reward",
+}
 
 
 class ToolError(RuntimeError):
@@ -138,3 +145,22 @@ def load_tools(config: AgentConfig) -> ToolSet | None:
     specs = load_tool_specs(config.generate_tool_specs_path) if config.generate_tool_specs_path else []
     names = tuple(tool_names_of(specs))
     return ToolSet(specs=specs, names=names, execute=fn, timeout=config.agent_timeout)
+
+
+def load_episode_function(config: AgentConfig) -> tuple[str, Callable[..., Any]] | None:
+    """(flag, function) of `--custom-generate-function-path` or `--custom-agent-function-path`, or None.
+
+    Raises:
+        ValueError: the function does not import, is not callable or is not `async def` (naming the
+            flag and the contract).
+    """
+    for flag, path in (
+        (GENERATE_FLAG, config.custom_generate_function_path),
+        (AGENT_FLAG, config.custom_agent_function_path),
+    ):
+        if path:
+            fn = import_callable(path, flag)
+            if not is_async(fn):
+                raise ValueError(f"{flag} {path}: must be `{CONTRACTS[flag]}` (it is awaited)")
+            return flag, fn
+    return None

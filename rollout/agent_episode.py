@@ -1,0 +1,132 @@
+"""`--custom-agent-function-path`: an agent workflow makes each sample, speaking OpenAI chat to a session.
+
+    async def run(base_url, prompt, request_kwargs, metadata, **kw) -> reward | [reward per model turn]
+
+Per sample a token-in/token-out session is opened on the engine's HTTP door (rollout/door.py,
+serve/sessions.py); `base_url` is its OpenAI base (`.../sessions/<id>/v1`: `OpenAI(base_url=...)` posts
+to its `/chat/completions`), `prompt` the prompt's chat messages, `request_kwargs` what every request
+passes (`model`, `temperature`, `top_p`, `max_tokens`, `seed`: the sample's seed; `extra_body` with
+`top_k` when set), `metadata` the sample's label and indices. The agent sends the whole history each
+turn, as agents do; the session keeps each turn's exact ids (a rewritten history is a 409). After the
+agent returns, the session's token record is the sample: the first prompt, then every model reply
+(loss mask 1, its log-probs and weight version), boundary tokens and the tool/user messages (mask 0).
+
+The reward: a number, or one number per model turn (AReaL's per-interaction rewards: the sample's
+reward is their sum, each kept in `metadata["agent_rewards"]`); an agent that returns anything else,
+the wrong count, sends no request, raises or runs past `--agent-timeout` fails the run naming it and
+the sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import urllib.request
+from typing import Any
+
+import torch
+
+from grpolab.core.batch import Sample
+from grpolab.core.engine.base import SamplingParams
+from grpolab.core.reward_calls import error_location, function_name
+from grpolab.core.turns.episode import AGENT_REWARD, episode_metadata
+from grpolab.core.turns.record import TokenRecord
+from grpolab.core.turns.tools import AGENT_FLAG
+from grpolab.rollout.sample_plan import PlannedSample
+
+
+def _call(url: str, method: str) -> dict:
+    """One JSON request to the door (loopback or the fleet's router)."""
+    req = urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=60) as answer:
+        body = answer.read()
+    return json.loads(body) if body else {}
+
+
+def request_kwargs(sampling: SamplingParams, seed: int, model: str) -> dict[str, Any]:
+    """What an agent passes to every chat request of its sample (see the module docstring)."""
+    kwargs: dict[str, Any] = {
+        "model": model, "temperature": sampling.temperature, "top_p": sampling.top_p,
+        "max_tokens": sampling.max_new_tokens, "seed": seed,
+    }  # fmt: skip
+    if sampling.top_k > 0:
+        kwargs["extra_body"] = {"top_k": sampling.top_k}
+    return kwargs
+
+
+def _reward(value: Any, turns: int, where: str) -> tuple[float, list[float] | None]:
+    """(the sample's reward, the per-turn rewards or None).
+
+    Raises:
+        RuntimeError: not a finite number or a list of `turns` finite numbers.
+    """
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value), None
+    if isinstance(value, list | tuple) and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value):  # fmt: skip
+        if len(value) != turns:
+            raise RuntimeError(f"{where}: returned {len(value)} per-turn rewards for {turns} model turns")
+        return float(sum(value)), [float(v) for v in value]
+    raise RuntimeError(f"{where}: returned {value!r}; a reward is a finite number or one per model turn")
+
+
+def _sample(
+    record: TokenRecord, s: PlannedSample, reward: float, per_turn: list[float] | None, version: int
+) -> Sample:
+    P = record.prompt_length
+    last = record.finish_reasons[-1] if record.finish_reasons else "stop"
+    metadata = episode_metadata(record, tools=[], tool_calls=[], parse_errors=0,
+                                ended="length" if last == "length" else "answer")  # fmt: skip
+    metadata[AGENT_REWARD] = per_turn if per_turn is not None else reward
+    return Sample(
+        index=s.index, prompt_index=s.prompt.index, group_index=s.group, sample_index=s.k, seed=s.seed,
+        prompt_ids=record.ids[:P], response_ids=record.ids[P:],
+        rollout_log_probs=torch.tensor([lp or 0.0 for lp in record.logprobs[P:]], dtype=torch.float32),
+        loss_mask=torch.tensor(record.loss_mask(), dtype=torch.float32),
+        finish_reason="length" if last == "length" else "stop", prompt_text=s.prompt.text,
+        response_text="".join(m.get("content") or "" for m in record.messages[len(s.prompt.messages or []):]),
+        label=s.prompt.label, weight_version=version, metadata=metadata, reward=reward,
+    )  # fmt: skip
+
+
+async def run_agents(
+    fn: Any, base: str, plan: list[PlannedSample], sampling: SamplingParams, timeout: float, version: int
+) -> list[Sample]:
+    """Every planned sample's episode, all at once (their requests batch on the engine).
+
+    Raises:
+        RuntimeError: see the module docstring (naming the function, the sample, the user's file:line).
+    """
+    name = function_name(fn)
+
+    async def one(s: PlannedSample) -> Sample:
+        where = f"{AGENT_FLAG} {name} on sample {s.index} (group {s.group}, prompt row {s.prompt.index})"
+        sid = (await asyncio.to_thread(_call, f"{base}/sessions", "POST"))["session_id"]
+        try:
+            metadata = {
+                "label": s.prompt.label,
+                "index": s.index,
+                "group_index": s.group,
+                "row": s.prompt.index,
+            }
+            kwargs = request_kwargs(sampling, s.seed, "grpolab")
+            try:
+                value = await asyncio.wait_for(
+                    fn(f"{base}/sessions/{sid}/v1", list(s.prompt.messages or []), kwargs, metadata), timeout
+                )
+            except TimeoutError as e:
+                raise RuntimeError(f"{where}: ran past --agent-timeout {timeout:g} s") from e
+            except Exception as e:
+                raise RuntimeError(f"{where}: raised {type(e).__name__}: {e}{error_location(fn, e)}") from e
+            record = TokenRecord.from_json(await asyncio.to_thread(_call, f"{base}/sessions/{sid}", "GET"))
+        finally:
+            await asyncio.to_thread(_call, f"{base}/sessions/{sid}", "DELETE")
+        if not record.finish_reasons:
+            raise RuntimeError(
+                f"{where}: the agent sent no chat request to its session ({base}/sessions/{sid}/v1)"
+            )
+        reward, per_turn = _reward(value, record.model_turns, where)
+        return _sample(record, s, reward, per_turn, version)
+
+    return list(await asyncio.gather(*(one(s) for s in plan)))

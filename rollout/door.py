@@ -1,0 +1,45 @@
+"""Where a custom generate function or an agent reaches the run's engine over HTTP, for one rollout.
+
+On a fleet (`--rollout-num-engines` / `--sglang-router-ip`) it is the router, as in Miles; on the
+in-process engine it is the run's own engine served on 127.0.0.1 for the rollout (serve/embedded.py:
+the same routes as `grpolab serve`, the run's current weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+from grpolab.core.config import Config
+from grpolab.core.engine.base import RolloutEngine, SamplingParams
+from grpolab.serve.embedded import serve_engine
+
+
+def router_url(engine: RolloutEngine) -> str | None:
+    """The fleet router's URL of an HTTP engine (behind the fail-fast client), None for another engine."""
+    inner = getattr(engine, "engine", engine)
+    url = getattr(inner, "router_url", None)
+    return url if isinstance(url, str) else None
+
+
+@contextmanager
+def engine_door(config: Config, engine: RolloutEngine, tokenizer: object, sampling: SamplingParams,
+                fingerprint: str) -> Iterator[tuple[str, int]]:  # fmt: skip
+    """(host, port) of the HTTP door to `engine` while the block runs (see the module docstring).
+
+    Raises:
+        RuntimeError: the in-process server did not start (serve/embedded.py).
+    """
+    url = router_url(engine)
+    if url is not None:
+        parts = urlsplit(url)
+        yield str(parts.hostname), int(parts.port or 80)
+        return
+    with serve_engine(
+        engine, model_path=config.model.hf_checkpoint, tokenizer=tokenizer, eos_ids=sampling.stop_token_ids,
+        vocab_size=len(tokenizer), context_len=0, fingerprint=fingerprint,  # type: ignore[arg-type]
+        weight_version=engine.health().weight_version,
+    ) as base:  # fmt: skip
+        parts = urlsplit(base)
+        yield str(parts.hostname), int(parts.port or 80)
