@@ -121,7 +121,7 @@ def _boundary_cause(recorded_text: str, expected_text: str, truncated: bool) -> 
         return "tokenization"
     if truncated:
         return "truncation"
-    if expected_text.endswith(recorded_text) or recorded_text.endswith(expected_text):
+    if expected_text.find(recorded_text) > 0 or recorded_text.find(expected_text) > 0:
         return "template boundary token"  # the template's text before the next message, missing or extra
     return "message text"
 
@@ -200,7 +200,7 @@ def audit_sample(sample: Sample, codec: ChatCodec) -> SampleAudit | None:
         if recorded != expected:
             d = _first_diff(recorded, expected)
             rt, et = codec.decode(recorded), codec.decode(expected)
-            truncated = k < len(finishes) and finishes[k] == "length"
+            truncated = cut == 0 and k < len(finishes) and finishes[k] == "length"  # no EOS of its own
             error(turn, _boundary_cause(rt, et, truncated),
                   f"after model turn {turn} the record holds {len(recorded)} tokens where the template has {len(expected)}",
                   position=after + d, recorded=recorded[max(0, d - WINDOW) : d + WINDOW],

@@ -23,7 +23,9 @@ _POOL = ThreadPoolExecutor(max_workers=64)  # every episode's request in flight 
 
 
 def _post(url: str, payload: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as answer:
         return json.loads(answer.read())
 
@@ -46,5 +48,7 @@ async def run(base_url: str, prompt: list[dict], request_kwargs: dict, metadata:
         for call in message["tool_calls"]:
             fn = call["function"]
             result = await execute_tool(fn["name"], json.loads(fn["arguments"]))
-            messages.append({"role": "tool", "tool_call_id": call["id"], "name": fn["name"], "content": result})
+            messages.append(
+                {"role": "tool", "tool_call_id": call["id"], "name": fn["name"], "content": result}
+            )
     return math_reward(answer, metadata["label"])

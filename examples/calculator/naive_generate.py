@@ -24,7 +24,9 @@ from grpolab.core.modeling import load_tokenizer
 from grpolab.core.turns.tool_calls import parse_tool_calls
 from grpolab.examples.calculator.tools import execute_tool
 
-_POOL = ThreadPoolExecutor(max_workers=64)  # every sample's request in flight at once: they batch on the engine
+_POOL = ThreadPoolExecutor(
+    max_workers=64
+)  # every sample's request in flight at once: they batch on the engine
 _STAND_IN = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
 
 
@@ -34,14 +36,18 @@ def _tokenizer(path: str):
 
 
 def _post(url: str, payload: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as answer:
         return json.loads(answer.read())
 
 
 def naive_tool_tokens(tokenizer, tool_messages: list[dict]) -> list[int]:
     """The tool messages' ids as `render(stand-in + tools, generation prompt) - render(stand-in)`."""
-    with_tools = tokenizer.apply_chat_template(_STAND_IN + tool_messages, tokenize=False, add_generation_prompt=True)
+    with_tools = tokenizer.apply_chat_template(
+        _STAND_IN + tool_messages, tokenize=False, add_generation_prompt=True
+    )
     without = tokenizer.apply_chat_template(_STAND_IN, tokenize=False, add_generation_prompt=False)
     return tokenizer.encode(with_tools[len(without) :], add_special_tokens=False)
 

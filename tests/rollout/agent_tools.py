@@ -28,3 +28,68 @@ def not_async(name: str, params: dict) -> str:
 
 BAD_SCHEMA = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "no-such-type"}}}]
 """A tool whose parameters are not a JSON schema."""
+
+
+async def agent_openai(base_url: str, prompt: list[dict], request_kwargs: dict, metadata: dict, **kw) -> list:
+    """The calculator agent through the real `openai` client; one reward per model turn."""
+    import json
+
+    from openai import AsyncOpenAI
+
+    from grpolab.examples.calculator.tools import TOOL_SPECS, execute_tool
+
+    client = AsyncOpenAI(base_url=base_url, api_key="-")
+    messages, rewards = list(prompt), []
+    for _ in range(3):
+        reply = await client.chat.completions.create(messages=messages, tools=TOOL_SPECS, **request_kwargs)
+        message = reply.choices[0].message
+        messages.append(message.model_dump(include={"role", "content", "tool_calls"}, exclude_none=True))
+        rewards.append(0.5 if message.tool_calls else float(metadata["label"] in (message.content or "")))
+        if reply.choices[0].finish_reason != "tool_calls":
+            break
+        for call in message.tool_calls:
+            result = await execute_tool(call.function.name, json.loads(call.function.arguments))
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": result}
+            )
+    await client.close()
+    return rewards
+
+
+async def agent_silent(
+    base_url: str, prompt: list[dict], request_kwargs: dict, metadata: dict, **kw
+) -> float:
+    """Never asks the model."""
+    return 1.0
+
+
+async def agent_too_many_rewards(
+    base_url: str, prompt: list[dict], request_kwargs: dict, metadata: dict, **kw
+) -> list:
+    """One reply, three rewards."""
+    import json
+    import urllib.request
+
+    body = json.dumps({**request_kwargs, "messages": prompt}).encode()
+    req = urllib.request.Request(
+        f"{base_url}/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    urllib.request.urlopen(req, timeout=60).read()
+    return [1.0, 0.0, 1.0]
+
+
+async def generate_bad_mask(args, sample, sampling_params):
+    """Returns a response whose loss mask is one token short."""
+    sample.tokens = sample.tokens + [5, 6, 2]
+    sample.response_length, sample.response = 3, "x"
+    sample.loss_mask, sample.rollout_log_probs = [1, 1], [-0.1, -0.2, -0.3]
+    sample.status = sample.Status.COMPLETED
+    return sample
+
+
+async def agent_sleeps(
+    base_url: str, prompt: list[dict], request_kwargs: dict, metadata: dict, **kw
+) -> float:
+    """Outlasts any small --agent-timeout."""
+    await asyncio.sleep(30)
+    return 1.0

@@ -1,0 +1,138 @@
+"""Custom generate functions and agent workflows on the run's own engine (rollout/custom_generate.py,
+rollout/agent_episode.py, serve/embedded.py): the shipped calculator agent and naive generate
+function, the real `openai` client, and the ways a user's function breaks its contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from runs import metrics, train_short
+
+from grpolab.cli import main
+from grpolab.core.turns.episode import AGENT_REWARD, KEY, response_sources
+from grpolab.replay.recording import load_rollout
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = [
+    "--hf-checkpoint", str(REPO / "fixtures" / "tiny-qwen3-tools"), "--apply-chat-template",
+    "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "96",
+    "--num-rollout", "1",
+]  # fmt: skip
+
+
+def _run(tmp: Path, name: str, *extra: str) -> Path:
+    run_dir = tmp / name
+    return train_short(run_dir, *BASE, *extra, "--save-debug-rollout-data", str(run_dir / "{rollout_id}.grz"))
+
+
+def test_agent_workflow_trains_on_its_sessions_exact_ids(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir = _run(
+        tmp_path,
+        "agent",
+        "--custom-agent-function-path",
+        "grpolab.examples.calculator.agent.run",
+        "--ci-test",
+    )
+    samples = load_rollout(run_dir / "0.grz").samples
+    for s in samples:
+        sources = response_sources(s.metadata[KEY])
+        assert torch.equal(s.loss_mask.bool(), torch.tensor([src == "model" for src, _ in sources]))
+        assert s.reward == s.metadata[AGENT_REWARD]  # the agent's own score, not the --rm-type's
+    assert any(len(s.metadata[KEY]["finish_reasons"]) > 1 for s in samples)
+    rollout = metrics(run_dir, "rollout")[0]
+    assert rollout["rollout/raw_reward"] == pytest.approx(sum(s.reward for s in samples) / len(samples))
+    assert main(["check", "turns", str(run_dir / "0.grz")]) == 0
+    assert "every boundary holds the chat template's ids" in capsys.readouterr().out
+
+
+def test_openai_client_agent_with_per_turn_rewards(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path, "openai", "--custom-agent-function-path", "agent_tools.agent_openai")
+    for s in load_rollout(run_dir / "0.grz").samples:
+        per_turn = s.metadata[AGENT_REWARD]
+        assert len(per_turn) == len(s.metadata[KEY]["finish_reasons"]) and s.reward == sum(per_turn)
+
+
+def test_naive_generate_trains_but_check_turns_names_the_dropped_boundary(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run_dir = _run(
+        tmp_path,
+        "naive",
+        "--custom-generate-function-path",
+        "grpolab.examples.calculator.naive_generate.generate",
+    )
+    samples = load_rollout(run_dir / "0.grz").samples
+    assert metrics(run_dir, "step")  # it trains without an error
+    multi = [s for s in samples if 0 in s.loss_mask.tolist()]  # a tool turn appended the naive way
+    assert multi
+    capsys.readouterr()
+    assert main(["check", "turns", str(run_dir / "0.grz"), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert {e["sample"] for e in report["errors"]} == {s.index for s in multi}
+    assert {e["cause"] for e in report["errors"]} == {"template boundary token"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--custom-agent-function-path", "agent_tools.agent_silent"], "the agent sent no chat request"),
+        (
+            ["--custom-agent-function-path", "agent_tools.agent_too_many_rewards"],
+            "returned 3 per-turn rewards for 1 model turns",
+        ),
+        (
+            ["--custom-generate-function-path", "agent_tools.generate_bad_mask"],
+            "len(loss_mask) = 2 but response_length = 3",
+        ),
+        (
+            ["--custom-agent-function-path", "agent_tools.agent_sleeps", "--agent-timeout", "0.2"],
+            "ran past --agent-timeout 0.2 s",
+        ),
+    ],
+)
+def test_a_broken_episode_function_fails_the_run_naming_it(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    with pytest.raises(RuntimeError) as error:
+        train_short(tmp_path / "run", *BASE, *extra)
+    assert message in str(error.value) and " on sample " in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--custom-generate-function-path", "agent_tools.not_async"],
+            "must be `async def generate(args, sample",
+        ),
+        (
+            ["--custom-agent-function-path", "agent_tools.nothing"],
+            "module 'agent_tools' has no attribute 'nothing'",
+        ),
+        (
+            [
+                "--custom-agent-function-path",
+                "agent_tools.agent_silent",
+                "--custom-generate-function-path",
+                "agent_tools.generate_bad_mask",
+            ],
+            "both say how a sample is generated",
+        ),
+        (
+            ["--custom-agent-function-path", "agent_tools.agent_silent", "--no-apply-chat-template"],
+            "needs --apply-chat-template",
+        ),
+    ],
+)
+def test_episode_function_bad_input_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", *BASE, *extra, "--run-dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
