@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.serve.command import add_serve_parser
 
     add_serve_parser(sub)
+    from grpolab.rollout.agent_command import add_agent_parser
+
+    add_agent_parser(sub)
     from grpolab.diff.command import add_diff_parser
 
     add_diff_parser(sub)
@@ -179,6 +182,10 @@ def _dispatch(argv: list[str] | None) -> int:
         return run_train_command(parser, args, argv)
     if args.command == "hash":
         return run_hash_command(args)
+    if args.command == "agent":
+        from grpolab.rollout.agent_command import run_agent_command
+
+        return run_agent_command(args)
     if args.command == "check" and args.check_kind == "turns":
         from grpolab.rollout.turns_command import run_turns_command
 

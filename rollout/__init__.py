@@ -9,10 +9,23 @@ generates for every rank) and `engine` (each rank generates its share; the defau
 `replay`; the run's orchestration (`train/`) composes it.
 """
 
-from grpolab.rollout.base import RolloutInputs, RolloutPath
-from grpolab.rollout.paths import ROLLOUT_PATHS, build_rollout_path, chosen_path
-from grpolab.rollout.plan import check_recordings, planned_eval_ids, planned_rollout_ids
-from grpolab.rollout.scoring import assign_advantages, load_reward
+import importlib
+from typing import Any
+
+_DOOR = {
+    "RolloutInputs": "base", "RolloutPath": "base", "ROLLOUT_PATHS": "paths", "build_rollout_path": "paths",
+    "chosen_path": "paths", "check_recordings": "plan", "planned_eval_ids": "plan", "planned_rollout_ids": "plan",
+    "assign_advantages": "scoring", "load_reward": "scoring",
+}  # fmt: skip
+"""Each public name and its module: imported on first use (PEP 562), so the command parsers that live in
+this package (`agent_command.py`) load without torch."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DOOR:
+        return getattr(importlib.import_module(f"grpolab.rollout.{_DOOR[name]}"), name)
+    raise AttributeError(f"module 'grpolab.rollout' has no attribute {name!r}")
+
 
 __all__ = [
     "ROLLOUT_PATHS",

@@ -27,6 +27,12 @@ ENDINGS = ("answer", "max_turns", "length", "context")
 """Why an episode stopped: a reply called no tool; the turn limit; the response budget; the context cap."""
 
 
+def _version(text: str | None) -> int:
+    """A token's weight version as the int recordings keep: SGLang's string when it is a number
+    ("3"), else 0 (a server's initial "default")."""
+    return int(text) if text is not None and str(text).strip().isdigit() else 0
+
+
 def episode_metadata(
     record: TokenRecord, *, tools: list[dict], tool_calls: list[dict], parse_errors: int, ended: str
 ) -> dict[str, Any]:
@@ -36,9 +42,7 @@ def episode_metadata(
         [source, turn, len(list(run))]
         for (source, turn), run in groupby(zip(record.sources[P:], record.turns[P:]))
     ]
-    versions = [
-        int(v) for v, s in zip(record.weight_versions, record.sources) if s == "model" and v is not None
-    ]
+    versions = [_version(v) for v, s in zip(record.weight_versions, record.sources) if s == "model"]
     per_turn = [
         versions[sum(record.reply_lengths[:k])] if n else 0 for k, n in enumerate(record.reply_lengths)
     ]
