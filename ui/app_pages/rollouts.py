@@ -14,9 +14,10 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from grpolab.core.turns.episode import episode_of
 from grpolab.replay.format import RecordingError
 from grpolab.replay.logprobs import LogprobsError, LogprobsResult
-from grpolab.ui import jobs, state
+from grpolab.ui import jobs, state, turns_view
 
 # Seconds between two looks at a running `grpolab replay logprobs` (the command takes seconds). A comment,
 # not a docstring: Streamlit's "magic" would print a bare string of a page module on the page.
@@ -40,6 +41,24 @@ def _strip(values: list[np.ndarray], labels: list[str], title: str, colorscale: 
         title=title, xaxis_title="response token", height=80 + 28 * len(values), margin={"t": 40}
     )
     return fig
+
+
+def _turns_section(run: str, multi: list[Sample]) -> None:
+    """A multi-turn answer's tokens by source and mask, and its turns (ui/turns_view.py)."""
+    st.subheader("Turns of a multi-turn answer")
+    pick = st.selectbox("Answer", [s.sample_index for s in multi], key="rollouts_turns_answer")
+    sample = next(s for s in multi if s.sample_index == pick)
+    texts = state.store().token_texts(run, sample.response_ids)
+    frame = turns_view.token_frame(sample, texts)
+    st.plotly_chart(
+        turns_view.source_figure(frame, f"answer {pick}: each response token's source and loss mask"),
+        key="rollouts_turns_strip",
+    )
+    st.dataframe(turns_view.turn_frame(sample), hide_index=True, width="stretch", key="rollouts_turns")
+    st.caption(
+        "Only the model's tokens train (loss mask 1); boundary, tool and user tokens are the chat template's "
+        "(`grpolab check turns` on the recording checks them)."
+    )
 
 
 def _stale(result: LogprobsResult, samples: list[Sample]) -> bool:
@@ -199,6 +218,9 @@ if run is not None:
             ]
         )
         st.dataframe(table, hide_index=True, width="stretch", key="rollouts_answers")
+        multi = [s for s in members if episode_of(s.metadata)]
+        if multi:
+            _turns_section(run, multi)
         labels = [f"answer {s.sample_index}" for s in members]
         engine = [s.rollout_log_probs.numpy() for s in members]
         st.plotly_chart(
