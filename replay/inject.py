@@ -2,7 +2,8 @@
 
 `compare_rollouts` is Miles' `RolloutDataInjectionUtil` check (notes 1.5): prompt tokens must match
 exactly; per sample, response match ratio = positions where both responses hold the same token
-(compared up to the shorter length) / the longer length (1.0 if both are empty).
+(compared up to the shorter length) / the longer length (1.0 if both are empty). For a multi-turn
+recording the first differing position is named by its turn and source (model reply or tool output).
 `frozen_recording_note` explains a ratio below 1.0 that a recording without weight updates causes.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grpolab.core.batch import Sample
+from grpolab.core.turns.episode import episode_of, response_sources
 
 
 class InjectMismatchError(RuntimeError):
@@ -49,6 +51,8 @@ class SampleMatch:
     ratio: float
     first_diff: int | None
     """First response position whose token differs (None when the responses are identical)."""
+    where: str = ""
+    """For a multi-turn recording, the turn and source of that position ("turn 2, tool"), else ""."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +67,7 @@ class InjectReport:
 
     def describe(self, threshold: float) -> str:
         worst = ", ".join(
-            f"sample {m.index}: {m.ratio:.3f} (first diff at token {m.first_diff})"
+            f"sample {m.index}: {m.ratio:.3f} (first diff at token {m.first_diff}{f', {m.where}' if m.where else ''})"
             for m in self.worst
             if m.ratio < 1.0
         )
@@ -86,6 +90,21 @@ def sample_match(fresh: list[int], recorded: list[int]) -> tuple[float, int | No
     return sum(same) / longest, first
 
 
+def _turn_at(sample: Sample, position: int | None) -> str:
+    """ "turn K, SOURCE" of a recorded multi-turn sample's response position ("" otherwise)."""
+    episode = episode_of(sample.metadata)
+    if episode is None or position is None:
+        return ""
+    try:
+        sources = response_sources(episode)
+    except ValueError:
+        return ""
+    if position >= len(sources):
+        return "past the recorded response"
+    source, turn = sources[position]
+    return f"turn {turn}, {source}"
+
+
 def compare_rollouts(
     fresh: list[Sample], recorded: list[Sample], *, rollout_id: int, worst: int = 5
 ) -> InjectReport:
@@ -106,7 +125,7 @@ def compare_rollouts(
                 f"(lengths {len(f.prompt_ids)} vs {len(r.prompt_ids)}); the data order or chat template changed"
             )
         ratio, first = sample_match(f.response_ids, r.response_ids)
-        matches.append(SampleMatch(index=i, ratio=ratio, first_diff=first))
+        matches.append(SampleMatch(index=i, ratio=ratio, first_diff=first, where=_turn_at(r, first)))
     ratios = [m.ratio for m in matches]
     return InjectReport(
         rollout_id=rollout_id,

@@ -253,3 +253,17 @@ def test_a_failing_tool_fails_the_run_naming_it(tmp_path: Path, tool: str, messa
     assert message in text and "turn 1, call 0" in text and "tool 'calc'" in text
     if tool.endswith("raises"):
         assert "agent_tools.py:" in text  # the user's file:line
+
+
+def test_inject_names_the_turn_of_the_first_difference(tool_run: Path) -> None:
+    from grpolab.replay.inject import compare_rollouts
+
+    recorded = _samples(tool_run)
+    s = next(x for x in recorded if len(x.metadata[KEY]["finish_reasons"]) >= 2)
+    tool_at = response_sources(s.metadata[KEY]).index(("tool", 1))
+    changed = dataclasses.replace(
+        s, response_ids=[*s.response_ids[:tool_at], 7, *s.response_ids[tool_at + 1 :]]
+    )
+    fresh = [changed if x is s else x for x in recorded]
+    report = compare_rollouts(fresh, recorded, rollout_id=0)
+    assert f"first diff at token {tool_at}, turn 1, tool" in report.describe(0.9)
