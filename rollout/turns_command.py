@@ -106,7 +106,8 @@ def report(audits: list, errors: list, drift: list) -> str:
     if drift:
         causes = sorted({f.cause for _, f in drift})
         lines.append(
-            f"drift hazards ({len(drift)} turns: {', '.join(causes)}): the record keeps the sampled ids, but a "
+            f"drift hazards ({len(drift)} turn{'s' if len(drift) != 1 else ''}: {', '.join(causes)}): the record "
+            "keeps the sampled ids, but a "
             "trainer that re-tokenises the history would train on other ids there"
         )
     return "\n".join(lines)

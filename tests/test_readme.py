@@ -137,6 +137,8 @@ _READ_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("replay", "logprobs"): ("run_dir",),
     ("gate",): ("target", "baseline"),
     ("check", "template"): ("messages",),
+    ("check", "turns"): ("recordings",),
+    ("agent", "run"): ("prompt_data",),
     ("diagnose", "hang"): ("run_dir",),
     ("diagnose", "log"): ("files",),
     ("diagnose", "gpu"): (),
@@ -150,7 +152,8 @@ _READ_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
 def _subcommand(args: argparse.Namespace) -> tuple[str, ...]:
     """("replay", "convert"), ("gate",), ...: the command and its own subcommand, if it has one."""
     subs = [
-        getattr(args, d, None) for d in ("replay_command", "diagnose_command", "check_kind", "hash_command")
+        getattr(args, d, None)
+        for d in ("replay_command", "diagnose_command", "check_kind", "hash_command", "agent_command")
     ]
     return (args.command, *[s for s in subs if s][:1])
 
