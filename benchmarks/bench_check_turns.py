@@ -28,6 +28,7 @@ from grpolab.core.modeling import load_tokenizer
 from grpolab.core.turns.codec import ChatCodec
 from grpolab.core.turns.episode import episode_metadata
 from grpolab.core.turns.record import TokenRecord, add_reply, append_turn
+from grpolab.fixtures.make_tool_fixture import call_text
 from grpolab.replay.recording import load_rollout, save_rollout
 
 MODEL = REPO / "fixtures" / "tiny-qwen3-tools"
@@ -41,7 +42,7 @@ def episode(codec: ChatCodec, eos: int, row: dict, index: int) -> Sample:
     rec.add(prompt, "prompt", 0)
     expr, result = row["answer"].split(" = ")[0], row["answer"].split("#### ")[-1]
     for turn in range(3):
-        call = '<tool_call>{"name": "calc", "arguments": {"expr": "%s"}}</tool_call>' % expr
+        call = call_text(expr)
         ids = codec.encode(call) + [eos]
         add_reply(rec, ids, [-0.1] * len(ids), "1", {"role": "assistant", "content": call}, "stop")
         tool = {"role": "tool", "tool_call_id": f"call_{turn}", "name": "calc", "content": result}
