@@ -71,12 +71,27 @@ def _reward(value: Any, turns: int, where: str) -> tuple[float, list[float] | No
     raise RuntimeError(f"{where}: returned {value!r}; a reward is a finite number or one per model turn")
 
 
+def _tool_calls(messages: list[dict]) -> list[dict]:
+    """Each tool call of the session's replies with its result, keyed by (model turn, call)."""
+    results = {m.get("tool_call_id"): m.get("content") for m in messages if m.get("role") == "tool"}
+    calls, turn = [], 0
+    for m in messages:
+        if m.get("role") != "assistant":
+            continue
+        turn += 1
+        for c, call in enumerate(m.get("tool_calls") or []):
+            fn = call.get("function") or {}
+            calls.append({"turn": turn, "call": c, "id": call.get("id"), "name": fn.get("name"),
+                          "arguments": fn.get("arguments"), "result": results.get(call.get("id"))})  # fmt: skip
+    return calls
+
+
 def _sample(
     record: TokenRecord, s: PlannedSample, reward: float, per_turn: list[float] | None, version: int
 ) -> Sample:
     P = record.prompt_length
     last = record.finish_reasons[-1] if record.finish_reasons else "stop"
-    metadata = episode_metadata(record, tools=[], tool_calls=[], parse_errors=0,
+    metadata = episode_metadata(record, tools=[], tool_calls=_tool_calls(record.messages), parse_errors=0,
                                 ended="length" if last == "length" else "answer")  # fmt: skip
     metadata[AGENT_REWARD] = per_turn if per_turn is not None else reward
     return Sample(

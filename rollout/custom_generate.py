@@ -150,9 +150,7 @@ def _episode(mask: list[int], finish: str, version: int) -> dict[str, Any]:
         "spans": spans,
         "weight_versions": [version] * len(replies),
         "finish_reasons": ["stop"] * (len(replies) - 1) + [finish] if replies else [],
-        "reply_lengths": replies,
-        "tool_calls": [],
-        "tool_parse_errors": 0,
+        "reply_lengths": replies,  # the function's tool calls are its own: not counted in rollout/tool_calls
         "ended": "length" if finish == "length" else "answer",
     }
 

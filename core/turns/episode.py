@@ -88,16 +88,19 @@ def response_sources(episode: dict) -> list[tuple[str, int]]:
 
 def episode_counts(samples_metadata: list[dict | None]) -> dict[str, float]:
     """`rollout/num_turns`, `rollout/tool_calls` (means per sample) and `rollout/tool_parse_errors` (the
-    rollout's count) over multi-turn samples' metadata; {} when none is multi-turn."""
+    rollout's count) over multi-turn samples' metadata; {} when none is multi-turn. The tool figures
+    count the episodes that record their calls (the tool loop, agents; not a custom generate function)."""
     episodes = [e for e in map(episode_of, samples_metadata) if e is not None]
     if not episodes:
         return {}
-    n = len(episodes)
-    return {
-        "rollout/num_turns": sum(len(e.get("finish_reasons") or []) for e in episodes) / n,
-        "rollout/tool_calls": sum(len(e.get("tool_calls") or []) for e in episodes) / n,
-        "rollout/tool_parse_errors": float(sum(int(e.get("tool_parse_errors") or 0) for e in episodes)),
-    }
+    out = {"rollout/num_turns": sum(len(e.get("finish_reasons") or []) for e in episodes) / len(episodes)}
+    known = [e for e in episodes if isinstance(e.get("tool_calls"), list)]  # a custom function's are its own
+    if known:
+        out["rollout/tool_calls"] = sum(len(e["tool_calls"]) for e in known) / len(known)
+    parsed = [e for e in episodes if "tool_parse_errors" in e]
+    if parsed:
+        out["rollout/tool_parse_errors"] = float(sum(int(e["tool_parse_errors"] or 0) for e in parsed))
+    return out
 
 
 def agent_reward(metadata: dict | None) -> float | None:

@@ -4,6 +4,7 @@ function, the real `openai` client, and the ways a user's function breaks its co
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from runs import metrics, train_short
 
 from grpolab.cli import main
 from grpolab.core.turns.episode import AGENT_REWARD, KEY, response_sources
+from grpolab.examples.calculator.tools import execute_tool
 from grpolab.replay.recording import load_rollout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +46,11 @@ def test_agent_workflow_trains_on_its_sessions_exact_ids(
         assert torch.equal(s.loss_mask.bool(), torch.tensor([src == "model" for src, _ in sources]))
         assert s.reward == s.metadata[AGENT_REWARD]  # the agent's own score, not the --rm-type's
     assert any(len(s.metadata[KEY]["finish_reasons"]) > 1 for s in samples)
+    for s in samples:  # the session's tool calls, each with the result the agent sent back
+        for call in s.metadata[KEY]["tool_calls"]:
+            assert call["result"] == asyncio.run(execute_tool(call["name"], json.loads(call["arguments"])))
     rollout = metrics(run_dir, "rollout")[0]
+    assert rollout["rollout/tool_calls"] > 0
     assert rollout["rollout/raw_reward"] == pytest.approx(sum(s.reward for s in samples) / len(samples))
     assert main(["check", "turns", str(run_dir / "0.grz")]) == 0
     assert "every boundary holds the chat template's ids" in capsys.readouterr().out
