@@ -267,3 +267,23 @@ def test_inject_names_the_turn_of_the_first_difference(tool_run: Path) -> None:
     fresh = [changed if x is s else x for x in recorded]
     report = compare_rollouts(fresh, recorded, rollout_id=0)
     assert f"first diff at token {tool_at}, turn 1, tool" in report.describe(0.9)
+
+
+def test_context_and_turn_limits_end_episodes(tmp_path: Path) -> None:
+    capped = train_short(tmp_path / "ctx", *TOOL_LOOP, "--num-rollout", "1", "--debug-rollout-only",
+                         "--rollout-max-context-len", "100", "--save-debug-rollout-data", str(tmp_path / "ctx{rollout_id}.grz"))  # fmt: skip
+    samples = load_rollout(tmp_path / "ctx0.grz").samples
+    assert all(len(s.prompt_ids) + s.response_length <= 100 for s in samples)
+    ended = {s.metadata[KEY]["ended"] for s in samples}
+    assert "context" in ended and all(
+        s.finish_reason == "length" for s in samples if s.metadata[KEY]["ended"] == "context"
+    )
+    one = train_short(tmp_path / "one", *TOOL_LOOP, "--num-rollout", "1", "--debug-rollout-only",
+                      "--generate-max-turns", "1", "--save-debug-rollout-data", str(tmp_path / "one{rollout_id}.grz"))  # fmt: skip
+    for s in load_rollout(tmp_path / "one0.grz").samples:
+        episode = s.metadata[KEY]
+        assert (
+            len(episode["finish_reasons"]) == 1 and not episode["tool_calls"]
+        )  # a call at the last turn is not run
+        assert episode["ended"] in ("max_turns", "answer", "length") and s.loss_mask.all()
+    assert capped.is_dir() and one.is_dir()
