@@ -83,6 +83,8 @@ def test_episodes_hold_exact_turns_masks_and_tool_results(tool_run: Path) -> Non
     )
     assert rollout["rollout/trainable_tokens"] < rollout["rollout/response_lengths"]
     assert rollout["rollout/tool_calls"] > 0.5 and "rollout/tool_parse_errors" in rollout
+    # tool and template tokens carry log-prob 0.0 for the engine: counted, the gap would be nats, not 1e-7
+    assert all(m["train/train_rollout_logprob_abs_diff"] < 1e-5 for m in metrics(tool_run, "step"))
     checks = [json.loads(line) for line in (tool_run / "events.jsonl").read_text().splitlines()]
     assert [c["ok"] for c in checks if c.get("checker") == "turns"] == [True, True]
 
