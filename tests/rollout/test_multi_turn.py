@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import metrics, train_short
 
 from grpolab.checkers.turns import audit_samples
 from grpolab.cli import main
@@ -18,7 +19,6 @@ from grpolab.core.modeling import load_tokenizer
 from grpolab.core.turns.episode import KEY, response_sources
 from grpolab.examples.calculator.tools import execute_tool
 from grpolab.replay.recording import load_rollout, save_rollout
-from runs import metrics, train_short
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS_MODEL = REPO / "fixtures" / "tiny-qwen3-tools"
