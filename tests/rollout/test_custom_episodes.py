@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import metrics, train_short
 
 from grpolab.cli import main
 from grpolab.core.turns.episode import AGENT_REWARD, KEY, response_sources
 from grpolab.examples.calculator.tools import execute_tool
 from grpolab.replay.recording import load_rollout
-from runs import metrics, train_short
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = [
