@@ -173,11 +173,12 @@ class _SyncWorker:
         return True
 
 
-async def _within(awaitable: Any, timeout: float) -> tuple[bool, Any]:
+async def within(awaitable: Any, timeout: float) -> tuple[bool, Any]:
     """(finished, result) of awaiting `awaitable` for at most `timeout` s; cancels it when not finished.
 
     asyncio.wait is used rather than wait_for so that a TimeoutError the user's code raises is an
-    error of the function, never mistaken for our timeout."""
+    error of the function, never mistaken for our timeout (rewards here, the multi-turn functions in
+    core/turns/tools.py)."""
     task = asyncio.ensure_future(awaitable)
     done, _ = await asyncio.wait({task}, timeout=timeout)
     if not done:
@@ -241,11 +242,11 @@ class RewardCaller:
         if self._worker is not None:
             started, done = self._worker.submit(self.fn, argument)
             await started  # the timeout counts from the call's start, not from its place in the queue
-            finished, result = await _within(done, self.timeout)  # type: ignore[arg-type]
+            finished, result = await within(done, self.timeout)  # type: ignore[arg-type]
         else:
             finished, result = True, self.fn(argument)
         if finished and inspect.isawaitable(result):
             if self.timeout is None:
                 return True, await result
-            return await _within(result, self.timeout)
+            return await within(result, self.timeout)
         return finished, result

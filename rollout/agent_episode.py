@@ -29,10 +29,10 @@ import torch
 
 from grpolab.core.batch import Sample
 from grpolab.core.engine.base import SamplingParams
-from grpolab.core.reward_calls import error_location, function_name
+from grpolab.core.reward_calls import function_name
 from grpolab.core.turns.episode import AGENT_REWARD, episode_metadata
 from grpolab.core.turns.record import TokenRecord
-from grpolab.core.turns.tools import AGENT_FLAG
+from grpolab.core.turns.tools import AGENT_FLAG, call_within
 from grpolab.rollout.sample_plan import PlannedSample
 
 
@@ -116,7 +116,8 @@ async def run_agents(
     name = function_name(fn)
 
     async def one(s: PlannedSample) -> Sample:
-        where = f"{AGENT_FLAG} {name} on sample {s.index} (group {s.group}, prompt row {s.prompt.index})"
+        sample = f"sample {s.index} (group {s.group}, prompt row {s.prompt.index})"
+        where = f"{AGENT_FLAG} {name} on {sample}"
         sid = (await asyncio.to_thread(_call, f"{base}/sessions", "POST"))["session_id"]
         try:
             metadata = {
@@ -126,14 +127,8 @@ async def run_agents(
                 "row": s.prompt.index,
             }
             kwargs = request_kwargs(sampling, s.seed, "grpolab")
-            try:
-                value = await asyncio.wait_for(
-                    fn(f"{base}/sessions/{sid}/v1", list(s.prompt.messages or []), kwargs, metadata), timeout
-                )
-            except TimeoutError as e:
-                raise RuntimeError(f"{where}: ran past --agent-timeout {timeout:g} s") from e
-            except Exception as e:
-                raise RuntimeError(f"{where}: raised {type(e).__name__}: {e}{error_location(fn, e)}") from e
+            value = await call_within(fn, (f"{base}/sessions/{sid}/v1", list(s.prompt.messages or []), kwargs,
+                                           metadata), timeout=timeout, flag=AGENT_FLAG, where=sample)  # fmt: skip
             record = TokenRecord.from_json(await asyncio.to_thread(_call, f"{base}/sessions/{sid}", "GET"))
         finally:
             await asyncio.to_thread(_call, f"{base}/sessions/{sid}", "DELETE")

@@ -32,9 +32,10 @@ from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset
 from grpolab.core.engine.base import RolloutEngine, SamplingParams
-from grpolab.core.reward_calls import error_location, function_name
+from grpolab.core.reward_calls import function_name
 from grpolab.core.turns.episode import KEY
 from grpolab.core.turns.tools import GENERATE_FLAG as FLAG
+from grpolab.core.turns.tools import call_within
 from grpolab.rollout.agent_episode import run_agents
 from grpolab.rollout.door import engine_door
 from grpolab.rollout.sample_plan import PlannedSample, plan_samples
@@ -182,20 +183,11 @@ async def run_generate(
         RuntimeError: a call raised or ran past `timeout` seconds (naming the function, the sample and
             the user's file:line).
     """
-    name = function_name(fn)
 
     async def one(s: PlannedSample) -> GenerateSample:
         where = f"sample {s.index} (group {s.group}, prompt row {s.prompt.index})"
-        try:
-            return await asyncio.wait_for(
-                fn(args, _generate_sample(s), sampling_params(sampling, s.seed)), timeout
-            )
-        except TimeoutError as e:
-            raise RuntimeError(f"{FLAG} {name} ran past --agent-timeout {timeout:g} s on {where}") from e
-        except Exception as e:
-            raise RuntimeError(
-                f"{FLAG} {name} raised {type(e).__name__}: {e} on {where}{error_location(fn, e)}"
-            ) from e
+        call = (args, _generate_sample(s), sampling_params(sampling, s.seed))
+        return await call_within(fn, call, timeout=timeout, flag=FLAG, where=where)
 
     return list(await asyncio.gather(*(one(s) for s in plan)))
 
@@ -240,7 +232,8 @@ class CustomGeneration:
         plan = plan_samples(self.config, dataset, rollout_id=rollout_id, indices=indices, first=first)
         version = engine.health().weight_version
         timeout = self.config.agent.agent_timeout
-        with engine_door(self.config, engine, dataset.tokenizer, sampling, self.fingerprint) as (host, port):
+        door = engine_door(self.config, engine, dataset.tokenizer, sampling, self.fingerprint, version)
+        with door as (host, port):
             if self.flag == FLAG:
                 args = miles_args(self.config, host, port)
                 results = asyncio.run(run_generate(self.fn, args, plan, sampling, timeout))

@@ -25,8 +25,9 @@ def router_url(engine: RolloutEngine) -> str | None:
 
 @contextmanager
 def engine_door(config: Config, engine: RolloutEngine, tokenizer: object, sampling: SamplingParams,
-                fingerprint: str) -> Iterator[tuple[str, int]]:  # fmt: skip
-    """(host, port) of the HTTP door to `engine` while the block runs (see the module docstring).
+                fingerprint: str, weight_version: int) -> Iterator[tuple[str, int]]:  # fmt: skip
+    """(host, port) of the HTTP door to `engine` while the block runs (see the module docstring);
+    `weight_version` is the engine's current one (the in-process door reports it).
 
     Raises:
         RuntimeError: the in-process server did not start (serve/embedded.py).
@@ -39,7 +40,7 @@ def engine_door(config: Config, engine: RolloutEngine, tokenizer: object, sampli
     with serve_engine(
         engine, model_path=config.model.hf_checkpoint, tokenizer=tokenizer, eos_ids=sampling.stop_token_ids,
         vocab_size=len(tokenizer), context_len=0, fingerprint=fingerprint,  # type: ignore[arg-type]
-        weight_version=engine.health().weight_version,
+        weight_version=weight_version,
     ) as base:  # fmt: skip
         parts = urlsplit(base)
         yield str(parts.hostname), int(parts.port or 80)

@@ -10,7 +10,6 @@ run naming the tool, the call, the sample and the user's file:line (as rewards d
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import jsonschema
 
 from grpolab.core.config.agent import AgentConfig
 from grpolab.core.dotted_path import import_attribute, import_callable
-from grpolab.core.reward_calls import error_location, function_name, is_async
+from grpolab.core.reward_calls import error_location, function_name, is_async, within
 from grpolab.core.turns.tool_calls import ToolCall, tool_names_of
 
 SPECS_FLAG = "--generate-tool-specs-path"
@@ -37,6 +36,40 @@ CONTRACTS = {
 class ToolError(RuntimeError):
     """A tool call failed: raised, returned no string, or ran past `--agent-timeout` (the message names
     the tool, the call, the sample and where it raised)."""
+
+
+async def call_within(
+    fn: Callable[..., Awaitable[Any]], args: tuple, *, timeout: float, flag: str, where: str,
+    error: type[RuntimeError] = RuntimeError,
+) -> Any:  # fmt: skip
+    """`await fn(*args)` for at most `timeout` seconds (`--agent-timeout`): a tool call, a custom generate
+    call or an agent episode. A TimeoutError the user's code raises is its own error, never taken for
+    the timeout (`reward_calls.within`).
+
+    Raises:
+        `error`: the call raised (naming `flag`, the function, `where`, the exception and the user's
+            file:line), or ran past `timeout`.
+    """
+    name = function_name(fn)
+    try:
+        finished, result = await within(fn(*args), timeout)
+    except Exception as e:
+        raise error(f"{flag} {name} raised {type(e).__name__}: {e} on {where}{error_location(fn, e)}") from e
+    if not finished:
+        raise error(f"{flag} {name} ran past --agent-timeout {timeout:g} s on {where}")
+    return result
+
+
+def _async_function(path: str, flag: str, contract: str) -> Callable[..., Any]:
+    """The `async def` function `flag` names.
+
+    Raises:
+        ValueError: it does not import, is not callable or is not `async def` (naming the flag and `contract`).
+    """
+    fn = import_callable(path, flag)
+    if not is_async(fn):
+        raise ValueError(f"{flag} {path}: must be `{contract}` (it is awaited)")
+    return fn
 
 
 @dataclass(frozen=True)
@@ -65,23 +98,13 @@ class ToolSet:
         Raises:
             ToolError: see the class.
         """
-        name = function_name(self.execute)
-        params = json.loads(call.arguments)
-        try:
-            result = await asyncio.wait_for(self.execute(call.name, params), self.timeout)
-        except TimeoutError as e:
-            raise ToolError(
-                f"{EXECUTE_FLAG} {name} ran past --agent-timeout {self.timeout:g} s on {where} "
-                f"(tool {call.name!r}, arguments {call.arguments})"
-            ) from e
-        except Exception as e:
-            raise ToolError(
-                f"{EXECUTE_FLAG} {name} raised {type(e).__name__}: {e} on {where} (tool {call.name!r}, "
-                f"arguments {call.arguments}){error_location(self.execute, e)}"
-            ) from e
+        where = f"{where} (tool {call.name!r}, arguments {call.arguments})"
+        args = (call.name, json.loads(call.arguments))
+        result = await call_within(self.execute, args, timeout=self.timeout, flag=EXECUTE_FLAG, where=where,
+                                   error=ToolError)  # fmt: skip
         if not isinstance(result, str):
             raise ToolError(
-                f"{EXECUTE_FLAG} {name} returned {type(result).__name__} on {where} (tool {call.name!r}): "
+                f"{EXECUTE_FLAG} {function_name(self.execute)} returned {type(result).__name__} on {where}: "
                 "a tool's result is the tool message's content, a str (Miles' contract)"
             )
         return result
@@ -136,12 +159,8 @@ def load_tools(config: AgentConfig) -> ToolSet | None:
     if not config.multi_turn:
         return None
     assert config.generate_execute_tool_function_path is not None
-    fn = import_callable(config.generate_execute_tool_function_path, EXECUTE_FLAG)
-    if not is_async(fn):
-        raise ValueError(
-            f"{EXECUTE_FLAG} {config.generate_execute_tool_function_path}: must be `async def "
-            "execute_tool(name: str, params: dict) -> str` (Miles awaits it)"
-        )
+    contract = "async def execute_tool(name: str, params: dict) -> str"
+    fn = _async_function(config.generate_execute_tool_function_path, EXECUTE_FLAG, contract)
     specs = load_tool_specs(config.generate_tool_specs_path) if config.generate_tool_specs_path else []
     names = tuple(tool_names_of(specs))
     return ToolSet(specs=specs, names=names, execute=fn, timeout=config.agent_timeout)
@@ -159,8 +178,5 @@ def load_episode_function(config: AgentConfig) -> tuple[str, Callable[..., Any]]
         (AGENT_FLAG, config.custom_agent_function_path),
     ):
         if path:
-            fn = import_callable(path, flag)
-            if not is_async(fn):
-                raise ValueError(f"{flag} {path}: must be `{CONTRACTS[flag]}` (it is awaited)")
-            return flag, fn
+            return flag, _async_function(path, flag, CONTRACTS[flag])
     return None

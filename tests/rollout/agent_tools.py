@@ -16,6 +16,11 @@ async def sleeps(name: str, params: dict) -> str:
     return "late"
 
 
+async def raises_timeout(name: str, params: dict) -> str:
+    """The tool's own TimeoutError (its HTTP client gave up): an error of the tool, not --agent-timeout."""
+    raise TimeoutError("the calculator service did not answer")
+
+
 async def returns_number(name: str, params: dict) -> int:
     """Returns a number, not the tool message's text."""
     return 5

@@ -243,6 +243,7 @@ def test_tool_specs_file_and_chat_template_needed(tmp_path: Path, capsys: pytest
     ("tool", "message"),
     [
         ("agent_tools.raises", "agent_tools.raises raised KeyError"),
+        ("agent_tools.raises_timeout", "agent_tools.raises_timeout raised TimeoutError: the calculator"),
         ("agent_tools.returns_number", "returned int on sample"),
         ("agent_tools.sleeps", "ran past --agent-timeout 0.2 s on sample"),
     ],
