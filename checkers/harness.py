@@ -23,6 +23,7 @@ from grpolab.checkers import (
     model_hash,
     numeric_guard,
     step_hash,
+    true_on_policy,
     turns,
     weight_update,
     weight_version,
@@ -51,6 +52,8 @@ class CheckHarness:
         self.run_dir = run_dir
         one_side_only = debug.debug_rollout_only or debug.debug_train_only
         self.kl_enabled = ci.kl_checker_on
+        self.exact_gap = ci.ci_test and config.model.true_on_policy_mode
+        """Under --ci-test and --true-on-policy-mode: every trained token's gap is 0 (true_on_policy.py)."""
         self.logprobs_enabled = ci.logprobs_checker_on
         self.logprobs = logprobs.LogprobChecker(
             abs_tol=ci.ci_logprobs_checker_abs_tol,
@@ -183,7 +186,14 @@ class CheckHarness:
         trainer: list[torch.Tensor],
         reference: list[torch.Tensor] | None,
     ) -> None:
-        """Log-prob checker on the rollout's means, with per-token detail on failure."""
+        """Under --ci-test and --true-on-policy-mode, the exact trainer = engine check; the log-prob
+        checker on the rollout's means, with per-token detail on failure."""
+        if self.exact_gap and samples:
+            self._run(
+                true_on_policy.CHECKER,
+                lambda: true_on_policy.check_exact(rollout_id, samples, trainer),
+                rollout_id=rollout_id,
+            )
         if not self.logprobs_enabled:
             return
         self._run(

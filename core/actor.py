@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpolab.core import algorithms, shared_prefix
+from grpolab.core import algorithms, sequence_forward, shared_prefix
 from grpolab.core.batch import MicroBatch, Sample, collate, split
 from grpolab.core.config import AlgorithmConfig, OptimizerConfig
 from grpolab.core.dist import DistContext, all_reduce_sum, full_tensor, shard_model
@@ -53,6 +53,8 @@ class Actor:
             never read reference log-probs (train/train_phase.reference_needed).
         padding_side: how micro-batches are padded (results do not depend on it).
         train_forward: `--train-forward`: "auto", "shared-prefix" or "padded" (core/shared_prefix.py).
+        true_on_policy: `--true-on-policy-mode`: every sample is scored alone
+            (core/sequence_forward.py), the forward the engine re-scores its answers with.
         dist_ctx: multi-rank runs: the policy is FSDP2-sharded, each rank trains on its share of
             every optimizer window, denominators are global counts and metrics are summed over ranks.
     """
@@ -71,11 +73,16 @@ class Actor:
         dist_ctx: DistContext | None = None,
         with_reference: bool = True,
         train_forward: str = "auto",
+        true_on_policy: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.dist = dist_ctx or DistContext()
         self.model = load_causal_lm(checkpoint, dtype=dtype, device=self.device)
-        self._packing = shared_prefix.planned_cost(self.model, train_forward, checkpoint)
+        self.alone = true_on_policy
+        """`--true-on-policy-mode`: each sample scored alone (`_forward_alone`), never packed."""
+        self._packing = (
+            None if true_on_policy else shared_prefix.planned_cost(self.model, train_forward, checkpoint)
+        )
         self.shared_prefix = self._packing is not None
         """Whether micro-batches whose samples share a prompt run packed (`shared_prefix`), where it pays."""
         self.forwards = {"padded": 0, "packed": 0}  # micro-batch forwards run so far, by layout
@@ -135,37 +142,62 @@ class Actor:
         in this layout (`shared_prefix`; rows nothing reads are 0). Entropy needs no graph unless
         `--entropy-coef` trains on it.
         """
+        if self.alone:
+            return self._forward_alone(model, mb, with_entropy)
         B, L = mb.input_ids_BL.shape
-        starts = mb.response_mask_BL.float().argmax(dim=1)  # first response position per row
-        K = min(L, L - int(starts.min()) + 1)
+        K = sequence_forward.logits_window(mb)
         packed = None
         if self.shared_prefix:
             packed = shared_prefix.pack_shared_prefix(mb, K, self.pad_id, cost=self._packing)
         self.forwards["padded" if packed is None else "packed"] += 1
-        ids, mask, positions, keep = (
-            (mb.input_ids_BL, mb.attention_mask_BL, mb.position_ids_BL, K)
-            if packed is None
-            else packed.inputs()
-        )
-        logits = model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=keep
-        ).logits
-        logits_BKV = logits if packed is None else packed.unpack(logits, B, K)
-        keep_BKV = None if mb.keep_mask_BLV is None else mb.keep_mask_BLV[:, L - K :]
-        log_probs_BL = logits_BKV.new_zeros((B, L), dtype=torch.float32)
-        log_probs_BL[:, L - K :] = algorithms.token_log_probs(
-            logits_BKV, mb.input_ids_BL[:, L - K :], temperature=self.temperature, keep_mask_BLV=keep_BKV
-        )
+        if packed is None:
+            log_probs_BL, logits_BKV, _ = sequence_forward.padded_log_probs(
+                model, mb, temperature=self.temperature
+            )
+        else:
+            ids, mask, positions, keep = packed.inputs()
+            logits = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=False,
+                logits_to_keep=keep,
+            ).logits
+            logits_BKV = packed.unpack(logits, B, K)
+            log_probs_BL = sequence_forward.window_log_probs(logits_BKV, mb, K, temperature=self.temperature)
         entropy_BL = None
         if with_entropy:
-            # entropy of the distribution that scores token t lives in logits row t-1 (unmasked support, as slime)
-            with torch.set_grad_enabled(torch.is_grad_enabled() and self.algo.entropy_coef != 0):
-                shifted_BKV = (
-                    torch.cat([logits_BKV[:, :1], logits_BKV[:, :-1]], dim=1).float() / self.temperature
-                )
-                entropy_BL = logits_BKV.new_zeros((B, L), dtype=torch.float32)
-                entropy_BL[:, L - K :] = algorithms.entropy_from_logits(shifted_BKV)
+            entropy_BL = logits_BKV.new_zeros((B, L), dtype=torch.float32)
+            entropy_BL[:, L - K :] = self._entropy(logits_BKV)
         return log_probs_BL, entropy_BL
+
+    def _forward_alone(
+        self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`_forward` under `--true-on-policy-mode`: every sample scored as a micro-batch of its own
+        (`sequence_forward.alone_log_probs`, the forward the engine re-scores its answers with), put in
+        `mb`'s layout. The micro-batch still sets what one backward covers."""
+        B, L = mb.input_ids_BL.shape
+        log_probs_BL = torch.zeros((B, L), dtype=torch.float32, device=self.device)
+        entropy_BL = torch.zeros((B, L), dtype=torch.float32, device=self.device) if with_entropy else None
+        for b, sample in enumerate(mb.samples):
+            if not sample.response_ids:
+                continue
+            self.forwards["padded"] += 1
+            lp_T, logits_1KV = sequence_forward.alone_log_probs(
+                model, sample, temperature=self.temperature, vocab_size=self.vocab_size, device=self.device
+            )
+            log_probs_BL[b, mb.response_mask_BL[b]] = lp_T
+            if entropy_BL is not None:  # the window's first position precedes the answer
+                entropy_BL[b, mb.response_mask_BL[b]] = self._entropy(logits_1KV)[0, 1:]
+        return log_probs_BL, entropy_BL
+
+    def _entropy(self, logits_BKV: torch.Tensor) -> torch.Tensor:
+        """Entropy [B, K] float32 at each window position: the distribution that scores token t lives in
+        logits row t − 1 (unmasked support, as slime). Needs no graph unless `--entropy-coef` trains on it."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.algo.entropy_coef != 0):
+            shifted_BKV = torch.cat([logits_BKV[:, :1], logits_BKV[:, :-1]], dim=1).float() / self.temperature
+            return algorithms.entropy_from_logits(shifted_BKV)
 
     @torch.no_grad()
     def compute_log_probs(

@@ -6,8 +6,9 @@ Legend: `B` samples in a micro-batch, `L` padded sequence length (prompt + respo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 
@@ -61,6 +62,15 @@ class Sample:
         return self.finish_reason == "length"
 
 
+class ScoredSequence(Protocol):
+    """What `collate` reads of a sample: its ids and kept-token sets (a `Sample`, or the engine's own
+    prompt + answer when it scores its answers by prefill: core/sequence_forward.py)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    kept_token_ids: list[torch.Tensor] | None
+
+
 @dataclass(kw_only=True)
 class MicroBatch:
     """Padded tensors for one forward pass.
@@ -80,7 +90,7 @@ class MicroBatch:
     position_ids_BL: torch.Tensor
     response_mask_BL: torch.Tensor
     keep_mask_BLV: torch.Tensor | None
-    samples: list[Sample]
+    samples: Sequence[ScoredSequence]
 
     def scatter(self, per_sample: list[torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Place per-sample response values ([R] each) at the response positions of a [B, L] tensor (0 elsewhere)."""
@@ -94,7 +104,7 @@ class MicroBatch:
 
 
 def collate(
-    samples: list[Sample],
+    samples: Sequence[ScoredSequence],
     *,
     pad_id: int,
     padding_side: PaddingSide = "right",

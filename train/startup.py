@@ -267,6 +267,7 @@ def _build_actor(cfg: Config, dist: DistContext) -> Actor:
         dist_ctx=dist,
         with_reference=reference_needed(cfg),  # no reference model when nothing reads it
         train_forward=cfg.model.train_forward,
+        true_on_policy=cfg.model.true_on_policy_mode,
     )
     forward = "padded"
     if actor.shared_prefix:

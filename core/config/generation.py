@@ -47,6 +47,16 @@ class ModelConfig:
     """Trainer parameter dtype: float32 | bfloat16 (log-probs are always computed in float32).
 
     The valid names are core/dtypes.py's DTYPES, as for rollout_dtype."""
+    true_on_policy_mode: bool = False
+    """Engine and trainer compute log-probs with the same operations in the same order, so
+    train/train_rollout_logprob_abs_diff is exactly 0.0: the engine re-scores each answer by a prefill of
+    prompt + answer alone, and the trainer scores each sample alone with the same forward (one more
+    forward per answer; never packed). Sampling itself keeps the decode's numbers. Needs
+    --rollout-dtype equal to --train-dtype; under --ci-test a non-zero gap fails the run.
+
+    Miles' `--true-on-policy-mode` reaches 0 with batch-invariant kernels on the engine; this mode
+    gets there the way Miles' `--recompute-logprobs-via-prefill` does, with a batch-invariant prefill
+    (core/sequence_forward.py; README "True on-policy")."""
     device: str = "cpu"
     """cpu, cuda or cuda:N (`core.devices.check_device`); engine and trainer are colocated on it.
 
@@ -70,6 +80,17 @@ class ModelConfig:
             f"--train-forward must be one of {', '.join(TRAIN_FORWARDS)}, got {self.train_forward!r}",
         )
         check_device(self.device, "--device")  # ValueError: cpu, cuda or cuda:N
+        if self.true_on_policy_mode:
+            require(
+                self.rollout_dtype == self.train_dtype,
+                f"--true-on-policy-mode needs --rollout-dtype equal to --train-dtype (got {self.rollout_dtype} "
+                f"and {self.train_dtype}): the same operations in another precision give other numbers",
+            )
+            require(
+                self.train_forward != "shared-prefix",
+                "--true-on-policy-mode scores each sample alone; --train-forward shared-prefix packs samples "
+                "(use auto or padded)",
+            )
 
 
 @dataclass(kw_only=True)

@@ -45,6 +45,7 @@ def torch_engine(config: Config) -> RolloutEngine:
         device=model.device,
         show_progress=config.run.show_progress,
         decode_path=model.rollout_decode_path,  # type: ignore[arg-type]  (validated by ModelConfig)
+        true_on_policy=model.true_on_policy_mode,
     )
     log.info(
         f"the engine decodes with {engine.forward_name} (--rollout-decode-path {model.rollout_decode_path})"

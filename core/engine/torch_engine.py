@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,6 +52,7 @@ from grpolab.core.engine.decoder import Decoder
 from grpolab.core.engine.model_runner import ModelRunner, make_runner
 from grpolab.core.engine.sampling import filtered_log_probs, kept_ids
 from grpolab.core.modeling import load_causal_lm
+from grpolab.core.sequence_forward import alone_log_probs
 
 _TINY = torch.finfo(torch.float32).tiny
 _NOISE_BLOCK = 1 << 16  # uniforms drawn per row per generator call: C = clamp(2**16 // V, 1, 32) steps
@@ -65,6 +67,15 @@ class UnknownTensorError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+@dataclass
+class _Scored:
+    """A prompt + answer for `sequence_forward.alone_log_probs` (`batch.ScoredSequence`)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    kept_token_ids: list[torch.Tensor] | None
 
 
 class TorchEngine:
@@ -90,11 +101,16 @@ class TorchEngine:
         max_batch_size: int = 256,
         show_progress: bool = True,
         decode_path: DecodePath = "auto",
+        true_on_policy: bool = False,
     ) -> None:
         """Load an independent copy of the model at `checkpoint` onto `device`.
 
         `decode_path` chooses the forward (`base.DecodePath`): grpolab's own decoder where
         the model is supported ("auto"), always ("grpolab"), or transformers' ("transformers").
+        `true_on_policy` (`--true-on-policy-mode`): after sampling, every answer's log-probs are
+        recomputed by a prefill of prompt + answer alone with transformers' forward
+        (core/sequence_forward.alone_log_probs, the trainer's forward in that mode): one more forward
+        per answer, and log-probs that depend on the weights and tokens only, not on the batch.
 
         Raises:
             ValueError: max_batch_size < 1, the checkpoint is not a model (from `load_causal_lm`), or
@@ -114,6 +130,7 @@ class TorchEngine:
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_token_id: int = int(pad) if isinstance(pad, int) else 0
         self.decode_path: DecodePath = decode_path
+        self.true_on_policy = true_on_policy
         _, decoder = make_runner(self.model, decode_path, None)  # refuses an unsupported "grpolab"
         self._decoder: Decoder | None = decoder  # grpolab's decoder (None: transformers'), kept between calls
         self.forward_name = "grpolab's own forward" if self._decoder is not None else "transformers' forward"
@@ -162,6 +179,8 @@ class TorchEngine:
         with torch.inference_mode():
             for lo in range(0, len(requests), self.max_batch_size):
                 results.extend(self._generate_chunk(requests[lo : lo + self.max_batch_size], params))
+            if self.true_on_policy:
+                self._rescore_by_prefill(requests, results, params)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
@@ -254,6 +273,20 @@ class TorchEngine:
             for b, r in enumerate(results):
                 r.top_log_probs = (top_v[b, : length[b]].clone(), top_i[b, : length[b]].clone())
         return results
+
+    def _rescore_by_prefill(
+        self, requests: list[GenerationRequest], results: list[GenerationResult], params: SamplingParams
+    ) -> None:
+        """Replace each result's decode log-probs by those of a prefill of its prompt + answer alone
+        (`true_on_policy`; the same support: the decode's kept-id sets)."""
+        vocab = int(self.model.config.vocab_size)
+        for req, res in zip(requests, results):
+            if not res.response_ids:
+                continue
+            seq = _Scored(list(req.prompt_ids), list(res.response_ids), res.kept_token_ids)
+            lp_T, _ = alone_log_probs(self.model, seq, temperature=params.temperature, vocab_size=vocab,
+                                      device=self.device)  # fmt: skip
+            res.log_probs = lp_T.float().cpu()
 
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts left-padded to the longest: ids [B, L] int64 and attention mask [B, L] (1 = prompt)."""
