@@ -85,6 +85,7 @@ async def server_info(state: ServerState, request: Request) -> Response:
             "port": s.port,
             "max_context_length": state.context_len,
             "enable_deterministic_inference": s.deterministic,
+            "true_on_policy_mode": bool(getattr(state.engine, "true_on_policy", False)),
             "launch_command": s.launch_command,
             "device": str(getattr(state.engine, "device", "cpu")),
             "batch_wait_s": s.batch_wait_s,

@@ -82,6 +82,13 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
         "model is supported; default)",
     )
     p.add_argument(
+        "--true-on-policy-mode",
+        action="store_true",
+        help="re-score every sampled answer by a prefill of prompt + answer alone (the trainer's forward "
+        "under grpolab train --true-on-policy-mode): log-probs that do not depend on the batch, one more "
+        "forward per answer",
+    )
+    p.add_argument(
         "--num-threads",
         type=int,
         default=None,
@@ -185,9 +192,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def load_state(
-    settings: ServeSettings, *, device: str = "cpu", dtype: str = "float32", decode_path: DecodePath = "auto"
-) -> ServerState:
-    """Load the engine, tokenizer and model facts for `settings.model_path`.
+    settings: ServeSettings, *, device: str = "cpu", dtype: str = "float32", decode_path: DecodePath = "auto",
+    true_on_policy: bool = False,
+) -> ServerState:  # fmt: skip
+    """Load the engine, tokenizer and model facts for `settings.model_path` (`true_on_policy`:
+    `--true-on-policy-mode`, the engine re-scores its answers by prefill).
 
     Raises:
         FileNotFoundError / ValueError: `--hf-checkpoint` is not a model; an unknown `--dtype`.
@@ -202,6 +211,7 @@ def load_state(
         device=device,
         show_progress=False,
         decode_path=decode_path,
+        true_on_policy=true_on_policy,
     )
     tokenizer = load_tokenizer(settings.model_path)
     config = engine.model.config
@@ -341,7 +351,8 @@ def run_serve_command(args: argparse.Namespace, argv: list[str] | None = None) -
 
         torch.set_num_threads(args.num_threads)
     try:
-        state = load_state(settings, device=args.device, dtype=args.dtype, decode_path=args.decode_path)
+        state = load_state(settings, device=args.device, dtype=args.dtype, decode_path=args.decode_path,
+                           true_on_policy=args.true_on_policy_mode)  # fmt: skip
     except (FileNotFoundError, ValueError) as e:
         sock.close()
         print(f"{prog} {e}", file=sys.stderr)

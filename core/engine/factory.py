@@ -88,6 +88,7 @@ def sglang_engine(config: Config) -> RolloutEngine:
             num_threads=config.run.num_threads,
             router_port=rollout.sglang_router_port,
             request_timeout_s=timeout,
+            true_on_policy=model.true_on_policy_mode,
         )
         log.info(
             f"engine fleet: router {fleet.router_url}, engines {', '.join(e.url for e in fleet.engines)}"
@@ -102,7 +103,7 @@ def sglang_engine(config: Config) -> RolloutEngine:
         )
     assert rollout.sglang_router_ip is not None and rollout.sglang_router_port is not None  # RolloutConfig
     router = router_url(rollout.sglang_router_ip, rollout.sglang_router_port)
-    urls = running_fleet_engines(router, model.hf_checkpoint)
+    urls = running_fleet_engines(router, model.hf_checkpoint, true_on_policy=model.true_on_policy_mode)
     return HttpEngine(
         router_url=router,
         engine_urls=urls,
@@ -168,13 +169,15 @@ def _quoted(answer: object) -> str:
     return text if len(text) <= ONE_LINE else text[:ONE_LINE] + "..."
 
 
-def running_fleet_engines(router: str, checkpoint: str) -> list[str]:
+def running_fleet_engines(router: str, checkpoint: str, *, true_on_policy: bool = False) -> list[str]:
     """The engine URLs the router at `router` lists (`router_engine_urls`), each checked to serve
-    `checkpoint`'s model.
+    `checkpoint`'s model and, with `true_on_policy` (`--true-on-policy-mode`), to re-score its answers
+    by prefill (`/server_info`'s `true_on_policy_mode`, which `grpolab serve --true-on-policy-mode` reports).
 
     Raises:
         ValueError: from `router_engine_urls`; an engine does not answer `/model_info`, or its
-            `model_fingerprint` differs from `checkpoint`'s (both named).
+            `model_fingerprint` differs from `checkpoint`'s (both named); with `true_on_policy`, an
+            engine that does not report the mode.
     """
     from grpolab.core.engine.http_calls import HttpCallError, call_json
     from grpolab.core.modeling import model_fingerprint
@@ -200,7 +203,29 @@ def running_fleet_engines(router: str, checkpoint: str) -> list[str]:
                 f"--hf-checkpoint {checkpoint} (fingerprint {ours}) is not the model engine {url} serves "
                 f"({info.get('model_path')!r}, fingerprint {theirs}); weight sync would load into the wrong model"
             )
+        if true_on_policy:
+            _check_true_on_policy(url)
     return urls
+
+
+def _check_true_on_policy(url: str) -> None:
+    """Refuse an engine whose `/server_info` does not report `true_on_policy_mode: true`.
+
+    Raises:
+        ValueError: naming the engine and how to start one that does.
+    """
+    from grpolab.core.engine.http_calls import HttpCallError, call_json
+
+    try:
+        info = call_json("GET", url + "/server_info", None, timeout=ROUTER_TIMEOUT_S)
+    except (HttpCallError, ValueError) as e:
+        raise ValueError(f"--true-on-policy-mode: engine {url} does not answer /server_info: {e}") from None
+    if not (isinstance(info, dict) and info.get("true_on_policy_mode") is True):
+        raise ValueError(
+            f"--true-on-policy-mode: engine {url} does not report true_on_policy_mode in /server_info, so its "
+            "log-probs are the decode's, not a batch-invariant prefill's; start it with "
+            "`grpolab serve --true-on-policy-mode` (a real SGLang server is not supported in this mode)"
+        )
 
 
 ENGINES.register("sglang")(sglang_engine)

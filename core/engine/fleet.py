@@ -207,6 +207,7 @@ class Fleet:
         num_threads: int | None = None,
         router_port: int | None = None,
         request_timeout_s: float = 600.0,
+        true_on_policy: bool = False,
         startup_timeout_s: float = STARTUP_TIMEOUT_S,
     ) -> Fleet:
         """Start the engines and the router, wait until each answers, register the engines.
@@ -225,6 +226,8 @@ class Fleet:
         # no --batch-wait-ms: the default 10 ms gather is enough, since the HTTP engine holds a rollout's
         # requests (pause in_place) until all arrived
         serve += ["--device", device, "--dtype", dtype, "--decode-path", decode_path]
+        if true_on_policy:
+            serve.append("--true-on-policy-mode")
         if num_threads is not None:  # the run's --num-threads: engines and trainer share this machine's cores
             serve += ["--num-threads", str(num_threads)]
         engines = [

@@ -105,3 +105,21 @@ def test_smollm2_one_rollout_on_gsm8k(smollm2: Path, gsm8k_train: Path, tmp_path
     assert gap is not None and math.isfinite(gap) and gap >= 0.0
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "status" and events[-1]["status"] == "finished", events[-1]
+
+
+def test_smollm2_true_on_policy_gap_is_exactly_zero(smollm2: Path, gsm8k_train: Path, tmp_path: Path) -> None:
+    """`--true-on-policy-mode` on the real model, 2 samples per micro-batch: the gap is 0.0 on each step."""
+    argv = [
+        "train",
+        "--hf-checkpoint", str(smollm2),
+        "--prompt-data", str(gsm8k_train), "--input-key", "question", "--label-key", "answer",
+        "--apply-chat-template", "--true-on-policy-mode", "--ci-test", "--ci-entropy-range", "0", "5",
+        "--num-rollout", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+        "--rollout-max-response-len", "32", "--micro-batch-size", "2", "--global-batch-size", "2",
+        "--run-dir", str(tmp_path / "run"), "--no-progress", "--num-threads", "1",
+    ]  # fmt: skip
+    run_dir = GRPORun.create(config_from_args(build_parser().parse_args(argv)), ["grpolab", *argv]).run()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    gaps = [r["metrics"]["train/train_rollout_logprob_abs_diff"] for r in records if r["kind"] == "step"]
+    print(f"\nSmolLM2 --true-on-policy-mode gaps: {gaps}")
+    assert len(gaps) == 2 and gaps == [0.0, 0.0]
