@@ -18,6 +18,7 @@ import torch
 
 from grpolab.checkers import (
     grad_norm,
+    group_seeds,
     kl,
     logprobs,
     model_hash,
@@ -171,10 +172,34 @@ class CheckHarness:
                 lambda: numeric_guard.raise_on_findings(findings, rollout_id=rollout_id),
                 rollout_id=rollout_id,
             )
+        self._check_group_seeds(rollout_id, samples)
         if self.ci.ci_test and self.tokenizer is not None and any(episode_of(s.metadata) for s in samples):
             self._run(
                 "turns",
                 lambda: turns.check_turns(samples, self.tokenizer, rollout_id=rollout_id),
+                rollout_id=rollout_id,
+            )
+
+    def _check_group_seeds(self, rollout_id: int, samples: list[Sample]) -> None:
+        """Shared seeds and identical answers in a group (group_seeds.py): a `group_seeds` event and a
+        warning per finding, and under --ci-test the verdict."""
+        findings = group_seeds.group_findings(samples)
+        for f in findings:  # identical answers: a confident policy's easy prompt, so only a note
+            if f.code == "shared_seed":
+                log.warning(f"warning: rollout {rollout_id}: {f.message}")
+            else:
+                log.info(f"note (rollout {rollout_id}): {f.message}")
+            self.run_dir.event(
+                group_seeds.CHECKER,
+                rollout_id=rollout_id,
+                code=f.code,
+                group=f.group,
+                samples=list(f.samples),
+            )
+        if self.ci.ci_test:
+            self._run(
+                group_seeds.CHECKER,
+                lambda: group_seeds.check_groups(rollout_id, samples, findings),
                 rollout_id=rollout_id,
             )
 
