@@ -83,9 +83,35 @@ def environment_fingerprint() -> dict[str, Any]:
         "deterministic": {
             "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
             "torch_num_threads": torch.get_num_threads(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            **{name: os.environ.get(name) for name in NUMERICS_ENV},
         },
+        "numerics": numerics_switches(),
+    }
+
+
+NUMERICS_ENV = (
+    "OMP_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG", "MKL_NUM_THREADS", "MKL_CBWR", "ATEN_CPU_CAPABILITY",
+    "NCCL_ALGO", "NCCL_PROTO", "TORCH_COMPILE_DETERMINISTIC", "CUDA_LAUNCH_BLOCKING", "NVIDIA_TF32_OVERRIDE",
+)  # fmt: skip
+"""Environment variables that change a run's numbers: thread counts (a CPU reduction's order follows
+them), the vector ISA torch dispatches to, MKL's reproducibility mode, NCCL's algorithm, cuBLAS's
+workspace and TF32 override (the AReaL debugging guide's determinism list, Miles-101 section 8)."""
+
+
+def numerics_switches() -> dict[str, Any]:
+    """The torch settings that change a run's numbers: the CPU kernels' vector ISA, oneDNN, inter-op
+    threads, float32 matmul precision and the CUDA TF32/cuDNN switches (False/None on CPU machines)."""
+    cuda = torch.backends.cuda.matmul
+    cudnn = torch.backends.cudnn
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
+        "torch_num_interop_threads": torch.get_num_interop_threads(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul_allow_tf32": bool(cuda.allow_tf32),
+        "cudnn_allow_tf32": bool(cudnn.allow_tf32),
+        "cudnn_deterministic": bool(cudnn.deterministic),
+        "cudnn_benchmark": bool(cudnn.benchmark),
     }
 
 

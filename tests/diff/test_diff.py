@@ -302,3 +302,17 @@ def test_a_path_named_relative_and_absolute_is_one_path(runs: dict[str, Path], t
     (edited["a"] / "run.json").write_text(json.dumps(doc))
     (diff,) = [d for d in diff_runs(edited["a"], edited["b"]).setup if d.key == "model.hf_checkpoint"]
     assert (diff.a, diff.b) == (str(model.parent / "another-model"), str(model))
+
+
+def test_a_changed_numerics_switch_is_named_in_the_setup(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The environment manifest: an env var that changes numbers (MKL's reproducibility mode) and a torch
+    switch (oneDNN) recorded in run.json, and `grpolab diff` names both when they change."""
+    other = shutil.copytree(runs["replay1"], tmp_path / "other_env")
+    meta = json.loads((other / "run.json").read_text())
+    env = meta["environment"]
+    assert "MKL_CBWR" in env["deterministic"] and env["numerics"]["cpu_capability"]
+    env["deterministic"]["MKL_CBWR"] = "COMPATIBLE"
+    env["numerics"]["mkldnn_enabled"] = not env["numerics"]["mkldnn_enabled"]
+    (other / "run.json").write_text(json.dumps(meta))
+    keys = {(d.section, d.key) for d in diff_runs(runs["replay1"], other).setup}
+    assert {("env", "deterministic.MKL_CBWR"), ("env", "numerics.mkldnn_enabled")} <= keys
