@@ -186,6 +186,10 @@ def _dispatch(argv: list[str] | None) -> int:
         from grpolab.rollout.agent_command import run_agent_command
 
         return run_agent_command(args)
+    if args.command == "check" and args.check_kind == "parity":
+        from grpolab.checkers.parity_command import run_parity_command
+
+        return run_parity_command(args)
     if args.command == "check" and args.check_kind == "turns":
         from grpolab.rollout.turns_command import run_turns_command
 

@@ -18,9 +18,10 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     """Add `grpolab check` and its kinds (`template`, and `turns`: its command is
     rollout/turns_command.py, which reads recordings) to the `grpolab` subparsers (imports no torch)."""
     check = sub.add_parser(
-        "check", help="check a model's setup before a run, or a multi-turn recording (template, turns)"
+        "check",
+        help="check a model's setup before a run, a multi-turn recording, or trainer/engine parity (template, turns, parity)",
     )
-    kinds = check.add_subparsers(dest="check_kind", required=True, metavar="{template,turns}")
+    kinds = check.add_subparsers(dest="check_kind", required=True, metavar="{template,turns,parity}")
     t = kinds.add_parser(
         "template",
         help="is the chat template append-only across turns, and what it does to answer log-probs",
@@ -48,6 +49,9 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-new-tokens", type=int, default=64, help="answer length limit (default: 64)")
     t.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     add_turns_parser(kinds)
+    from grpolab.checkers.parity_command import add_parity_parser
+
+    add_parity_parser(kinds)
 
 
 def add_turns_parser(kinds: argparse._SubParsersAction) -> None:

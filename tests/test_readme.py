@@ -138,6 +138,7 @@ _READ_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("gate",): ("target", "baseline"),
     ("check", "template"): ("messages",),
     ("check", "turns"): ("recordings",),
+    ("check", "parity"): ("prompt_data",),
     ("agent", "run"): ("prompt_data",),
     ("diagnose", "hang"): ("run_dir",),
     ("diagnose", "log"): ("files",),

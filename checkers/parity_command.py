@@ -1,0 +1,197 @@
+"""`grpolab check parity`: run the same prompts through the parity ladder (checkers/parity.py) and
+print, per rung, bitwise-equal positions / total, max |Δ log-prob| and the first differing sample and
+token. Exit 0 when every rung meets its bar, 1 naming the first failing rung and its likely cause,
+2 bad input. In-process engine only (a `--server` rung is not built yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+PROG = "grpolab check parity"
+DEFAULT_DATA = Path(__file__).resolve().parent.parent / "fixtures" / "data" / "arithmetic_train.jsonl"
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "fixtures" / "tiny-qwen3"
+
+
+def add_parity_parser(kinds: argparse._SubParsersAction) -> None:
+    """Add `parity` to `grpolab check`'s kinds (imports no torch)."""
+    p = kinds.add_parser(
+        "parity",
+        help="where trainer and engine stop agreeing: the parity ladder, rung by rung",
+        description=(
+            "Run the same prompts through engine decode vs prefill, alone vs batched, trainer micro-batch "
+            "1 vs N and packed vs padded, trainer vs engine, and transformers' forward and greedy generate; "
+            "exit 0 when every rung meets its bar, 1 naming the first that does not, 2 bad input."
+        ),
+    )
+    p.add_argument(
+        "--hf-checkpoint", default=str(DEFAULT_MODEL), metavar="M", help="model (default: the tiny fixture)"
+    )
+    p.add_argument("--prompt-data", default=str(DEFAULT_DATA), metavar="F", help="prompts (.jsonl)")
+    p.add_argument("--input-key", default="question")
+    p.add_argument("--label-key", default="answer")
+    p.add_argument("--num-prompts", type=int, default=8, metavar="N")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="the trainer's micro-batch size N")
+    p.add_argument("--rollout-temperature", type=float, default=1.0)
+    p.add_argument("--rollout-top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--rollout-top-k", type=int, default=0, metavar="K")
+    p.add_argument("--rollout-max-response-len", type=int, default=32)
+    p.add_argument("--rollout-dtype", default="float32", metavar="D", help="engine and trainer dtype")
+    p.add_argument("--tol", type=float, default=1e-5, metavar="X", help="the bar of the non-bitwise rungs")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+
+
+def _inputs(args: argparse.Namespace):  # noqa: ANN202 (tokenizer, dataset, sampling)
+    """Validate the flags and load the prompts.
+
+    Raises:
+        ValueError / FileNotFoundError: naming the flag or file.
+    """
+    from grpolab.core.data import PromptDataset
+    from grpolab.core.dtypes import check_dtype
+    from grpolab.core.engine.base import SamplingParams
+    from grpolab.core.modeling import load_tokenizer, stop_token_ids
+
+    for flag, value in (("--num-prompts", args.num_prompts), ("--batch-size", args.batch_size),
+                        ("--rollout-max-response-len", args.rollout_max_response_len)):  # fmt: skip
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if not args.tol >= 0:
+        raise ValueError(f"--tol must be >= 0, got {args.tol}")
+    check_dtype(args.rollout_dtype, "--rollout-dtype")
+    if not Path(args.hf_checkpoint).exists():
+        raise FileNotFoundError(f"--hf-checkpoint {args.hf_checkpoint}: no such model directory or file")
+    tokenizer = load_tokenizer(args.hf_checkpoint)
+    dataset = PromptDataset(args.prompt_data, tokenizer, input_key=args.input_key, label_key=args.label_key,
+                            apply_chat_template=bool(getattr(tokenizer, "chat_template", None)))  # fmt: skip
+    sampling = SamplingParams(temperature=args.rollout_temperature, top_p=args.rollout_top_p,
+                              top_k=args.rollout_top_k, max_new_tokens=args.rollout_max_response_len,
+                              stop_token_ids=stop_token_ids(args.hf_checkpoint, tokenizer))  # fmt: skip
+    return tokenizer, dataset, sampling
+
+
+def run_parity_command(args: argparse.Namespace) -> int:
+    """Run `grpolab check parity`; return the exit code (see the module docstring)."""
+    try:
+        tokenizer, dataset, sampling = _inputs(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    rungs, greedy = _ladder(args, tokenizer, dataset, sampling)
+    failed = next((r for r in rungs if not r.passed), None)
+    if args.json:
+        print(json.dumps({"rungs": [r.as_json() for r in rungs], "greedy": [g.__dict__ for g in greedy],
+                          "failed": failed.name if failed else None}))  # fmt: skip
+    else:
+        print(_table(args, rungs, greedy))
+        if failed is not None:
+            where = (
+                f" (first at sample {failed.first[0]}, answer token {failed.first[1]})"
+                if failed.first
+                else ""
+            )
+            print(f"{PROG}: the first failing rung is {failed.name!r}{where}: {failed.cause}")
+    return 1 if failed else 0
+
+
+def _ladder(args: argparse.Namespace, tokenizer, dataset, sampling):  # noqa: ANN001, ANN202
+    """Every rung of checkers/parity.py on the first `--num-prompts` prompts."""
+    import torch
+
+    from grpolab.checkers import parity
+    from grpolab.core.actor import Actor
+    from grpolab.core.batch import Sample
+    from grpolab.core.config import AlgorithmConfig, OptimizerConfig
+    from grpolab.core.dtypes import parse_dtype
+    from grpolab.core.engine.torch_engine import TorchEngine
+    from grpolab.core.modeling import load_causal_lm
+    from grpolab.core.rewards import math_reward
+    from grpolab.core.seeding import derive_sample_seed
+
+    n = min(args.num_prompts, len(dataset))
+    prompts = [list(dataset[i].prompt_ids) for i in range(n)]
+    labels = [dataset[i].label for i in range(n)]
+    seeds = [derive_sample_seed(args.seed, 0, i, 0) for i in range(n)]
+    dtype = parse_dtype(args.rollout_dtype, "--rollout-dtype")
+    engine = TorchEngine(args.hf_checkpoint, dtype=dtype, show_progress=False)
+    rungs, batch, prefill = parity.engine_rungs(engine, prompts, seeds, sampling, tol=args.tol)
+    samples = [Sample(index=i, prompt_index=i, group_index=i, sample_index=0, seed=s, prompt_ids=p,
+                      response_ids=list(r.response_ids), rollout_log_probs=r.log_probs,
+                      loss_mask=torch.ones(len(r.response_ids)), finish_reason=r.finish_reason,
+                      kept_token_ids=r.kept_token_ids)
+               for i, (p, s, r) in enumerate(zip(prompts, seeds, batch))]  # fmt: skip
+
+    def actor(micro: int, forward: str = "padded", alone: bool = False) -> Actor:
+        opt = OptimizerConfig(global_batch_size=len(samples), micro_batch_size=micro)
+        return Actor(args.hf_checkpoint, dtype=dtype, device="cpu", optimizer=opt, algorithm=AlgorithmConfig(),
+                     temperature=sampling.temperature, build_optimizer=False, with_reference=False,
+                     train_forward=forward, true_on_policy=alone)  # fmt: skip
+
+    one = parity.trainer_log_probs(actor(1), samples)
+    many = parity.trainer_log_probs(actor(args.batch_size), samples)
+    rungs.append(parity.compare("trainer micro-batch 1 vs N", one, many, bitwise=False, tol=args.tol,
+                                cause="the trainer's numbers depend on its micro-batch (padding length, a "
+                                "batch-dependent normalisation)"))  # fmt: skip
+    rungs.append(_packed_rung(args, actor, samples, parity))
+    engine_lp = [s.rollout_log_probs for s in samples]
+    rungs.append(parity.compare("trainer vs engine", many, engine_lp, bitwise=False, tol=args.tol,
+                                cause="trainer and engine compute other numbers for the same tokens (weights, "
+                                "dtype, a kernel, the kept top-p/top-k support)"))  # fmt: skip
+    alone = parity.trainer_log_probs(actor(args.batch_size, alone=True), samples)
+    rungs.append(parity.compare("trainer vs engine, each answer alone (--true-on-policy-mode)", alone, prefill,
+                                bitwise=True, tol=0.0, cause="under --true-on-policy-mode both sides run one "
+                                "function on the same weights; a difference means other weights or "
+                                "another forward"))  # fmt: skip
+    model = load_causal_lm(args.hf_checkpoint, dtype=dtype)
+    answers = [parity.Answer(s.prompt_ids, s.response_ids, s.kept_token_ids) for s in samples]
+    hf = parity.hf_forward_log_probs(model, answers, sampling.temperature, int(model.config.vocab_size))
+    rungs.append(parity.compare("transformers' own forward vs engine", hf, engine_lp, bitwise=False,
+                                tol=args.tol, cause="transformers' default forward (no mask, all positions) "
+                                "gives other numbers than the engine"))  # fmt: skip
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    greedy = parity.greedy_rows(model, engine, prompts, labels, args.rollout_max_response_len,
+                                sampling.stop_token_ids, decode, math_reward)  # fmt: skip
+    return rungs, greedy
+
+
+def _packed_rung(args, actor, samples, parity):  # noqa: ANN001, ANN202
+    """Packed vs padded on groups of 4 answers sharing a prompt (the layout packing pays on)."""
+    import dataclasses
+
+    grouped = [dataclasses.replace(samples[i % len(samples)], index=i, group_index=i // 4, sample_index=i % 4,
+                                   prompt_ids=samples[(i // 4) % len(samples)].prompt_ids)
+               for i in range(len(samples))]  # fmt: skip
+    try:
+        packed_actor = actor(args.batch_size, "shared-prefix")
+    except ValueError as e:
+        return parity.Rung("trainer packed vs padded", "tol", 0, 0, 0.0, None, True, "", note=f"skipped: {e}")
+    packed = parity.trainer_log_probs(packed_actor, grouped)
+    rung = parity.compare("trainer packed vs padded", packed, parity.trainer_log_probs(actor(args.batch_size),
+                          grouped), bitwise=False, tol=args.tol, cause="the packed forward (one row per "
+                          "prompt) computes other numbers than one padded row per sample")  # fmt: skip
+    rung.note = f"{packed_actor.forwards['packed']} of {sum(packed_actor.forwards.values())} forwards packed"
+    return rung
+
+
+def _table(args: argparse.Namespace, rungs, greedy) -> str:  # noqa: ANN001
+    """The report: one line per rung, then the greedy rows."""
+    lines = [f"{PROG}: {args.hf_checkpoint}, {args.num_prompts} prompts, dtype {args.rollout_dtype}, "
+             f"top-p {args.rollout_top_p}, top-k {args.rollout_top_k}, --tol {args.tol:g}"]  # fmt: skip
+    for r in rungs:
+        verdict = "ok  " if r.passed else "FAIL"
+        first = f"first beyond the bar: sample {r.first[0]} token {r.first[1]}" if r.first else ""
+        lines.append(f"  {verdict} {r.name:62s} [{r.bar:7s}] bitwise {r.equal}/{r.total}  max |Δ| "
+                     f"{r.max_abs:.3g}  {first}{'  (' + r.note + ')' if r.note else ''}")  # fmt: skip
+    same = sum(g.diverges_at is None for g in greedy)
+    lines.append(f"  greedy: transformers' generate and the engine agree on {same} of {len(greedy)} answers; "
+                 f"accuracy transformers {sum(g.hf_correct for g in greedy)}/{len(greedy)}, engine "
+                 f"{sum(g.engine_correct for g in greedy)}/{len(greedy)}")  # fmt: skip
+    for g in greedy:
+        if g.diverges_at is not None:
+            lines.append(f"    sample {g.sample}: first divergent token {g.diverges_at}, top-5 overlap there "
+                         f"{g.top5_overlap}/5")  # fmt: skip
+    return "\n".join(lines)
