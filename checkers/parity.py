@@ -28,7 +28,7 @@ import torch
 from grpolab.core.batch import Sample
 from grpolab.core.engine.base import GenerationRequest, GenerationResult, SamplingParams
 from grpolab.core.engine.torch_engine import TorchEngine
-from grpolab.core.sequence_forward import alone_log_probs
+from grpolab.core.sequence_forward import Answer, alone_log_probs
 
 
 @dataclass
@@ -86,15 +86,6 @@ def same_token_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-@dataclass
-class Answer:
-    """A prompt + answer for the scoring forwards (`batch.ScoredSequence`)."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    kept_token_ids: list[torch.Tensor] | None
 
 
 def engine_rungs(engine: TorchEngine, prompts: list[list[int]], seeds: list[int], sampling: SamplingParams, *,

@@ -111,6 +111,7 @@ def _ladder(args: argparse.Namespace, tokenizer, dataset, sampling):  # noqa: AN
     from grpolab.core.modeling import load_causal_lm
     from grpolab.core.rewards import math_reward
     from grpolab.core.seeding import derive_sample_seed
+    from grpolab.core.sequence_forward import Answer
 
     n = min(args.num_prompts, len(dataset))
     prompts = [list(dataset[i].prompt_ids) for i in range(n)]
@@ -147,7 +148,7 @@ def _ladder(args: argparse.Namespace, tokenizer, dataset, sampling):  # noqa: AN
                                 "function on the same weights; a difference means other weights or "
                                 "another forward"))  # fmt: skip
     model = load_causal_lm(args.hf_checkpoint, dtype=dtype)
-    answers = [parity.Answer(s.prompt_ids, s.response_ids, s.kept_token_ids) for s in samples]
+    answers = [Answer(s.prompt_ids, s.response_ids, s.kept_token_ids) for s in samples]
     hf = parity.hf_forward_log_probs(model, answers, sampling.temperature, int(model.config.vocab_size))
     rungs.append(parity.compare("transformers' own forward vs engine", hf, engine_lp, bitwise=False,
                                 tol=args.tol, cause="transformers' default forward (no mask, all positions) "

@@ -175,29 +175,16 @@ class Actor:
         self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`_forward` under `--true-on-policy-mode`: every sample scored as a micro-batch of its own
-        (`sequence_forward.alone_log_probs`, the forward the engine re-scores its answers with), put in
-        `mb`'s layout. The micro-batch still sets what one backward covers."""
-        B, L = mb.input_ids_BL.shape
-        log_probs_BL = torch.zeros((B, L), dtype=torch.float32, device=self.device)
-        entropy_BL = torch.zeros((B, L), dtype=torch.float32, device=self.device) if with_entropy else None
-        for b, sample in enumerate(mb.samples):
-            if not sample.response_ids:
-                continue
-            self.forwards["padded"] += 1
-            lp_T, logits_1KV = sequence_forward.alone_log_probs(
-                model, sample, temperature=self.temperature, vocab_size=self.vocab_size, device=self.device
-            )
-            log_probs_BL[b, mb.response_mask_BL[b]] = lp_T
-            if entropy_BL is not None:  # the window's first position precedes the answer
-                entropy_BL[b, mb.response_mask_BL[b]] = self._entropy(logits_1KV)[0, 1:]
-        return log_probs_BL, entropy_BL
+        (`sequence_forward.alone_rows`, the forward the engine re-scores its answers with). The
+        micro-batch still sets what one backward covers."""
+        self.forwards["padded"] += sum(1 for s in mb.samples if s.response_ids)
+        return sequence_forward.alone_rows(model, mb, temperature=self.temperature, vocab_size=self.vocab_size,
+                                           device=self.device, entropy=self._entropy if with_entropy else None)  # fmt: skip
 
     def _entropy(self, logits_BKV: torch.Tensor) -> torch.Tensor:
-        """Entropy [B, K] float32 at each window position: the distribution that scores token t lives in
-        logits row t − 1 (unmasked support, as slime). Needs no graph unless `--entropy-coef` trains on it."""
+        """`sequence_forward.window_entropy`, with a graph only when `--entropy-coef` trains on it."""
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.algo.entropy_coef != 0):
-            shifted_BKV = torch.cat([logits_BKV[:, :1], logits_BKV[:, :-1]], dim=1).float() / self.temperature
-            return algorithms.entropy_from_logits(shifted_BKV)
+            return sequence_forward.window_entropy(logits_BKV, self.temperature)
 
     @torch.no_grad()
     def compute_log_probs(

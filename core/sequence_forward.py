@@ -13,10 +13,22 @@ Legend: `B` rows, `L` padded length, `K` positions that get logits, `V` vocabula
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from grpolab.core import algorithms
 from grpolab.core.batch import MicroBatch, ScoredSequence, collate
+
+
+@dataclass
+class Answer:
+    """A prompt + answer to score (`batch.ScoredSequence`): the engine's own answers, the parity ladder's."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    kept_token_ids: list[torch.Tensor] | None
 
 
 def logits_window(mb: MicroBatch) -> int:
@@ -70,3 +82,44 @@ def alone_log_probs(
     mb = collate([sequence], pad_id=0, vocab_size=vocab_size, device=device)  # one row: no padding
     log_probs_1L, logits_1KV, _ = padded_log_probs(model, mb, temperature=temperature)
     return mb.gather(log_probs_1L)[0], logits_1KV
+
+
+def alone_rows(
+    model: torch.nn.Module, mb: MicroBatch, *, temperature: float, vocab_size: int, device: str | torch.device,
+    entropy: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """(log-probs [B, L] float32, entropies [B, L] or None) of `mb` with every row scored alone
+    (`alone_log_probs`) and put back in `mb`'s layout: the trainer's forward under
+    `--true-on-policy-mode`. `entropy` maps a row's logits [1, K, V] to its window entropies [1, K]."""
+    B, L = mb.input_ids_BL.shape
+    log_probs_BL = torch.zeros((B, L), dtype=torch.float32, device=device)
+    entropy_BL = torch.zeros((B, L), dtype=torch.float32, device=device) if entropy is not None else None
+    for b, sample in enumerate(mb.samples):
+        if not sample.response_ids:
+            continue
+        lp_T, logits_1KV = alone_log_probs(model, sample, temperature=temperature, vocab_size=vocab_size,
+                                           device=device)  # fmt: skip
+        log_probs_BL[b, mb.response_mask_BL[b]] = lp_T
+        if entropy_BL is not None and entropy is not None:  # the window's first position precedes the answer
+            entropy_BL[b, mb.response_mask_BL[b]] = entropy(logits_1KV)[0, 1:]
+    return log_probs_BL, entropy_BL
+
+
+def window_entropy(logits_BKV: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy [B, K] float32 at each window position: the distribution that scores token t lives in
+    logits row t − 1 (unmasked support, as slime); position 0 repeats row 0."""
+    shifted_BKV = torch.cat([logits_BKV[:, :1], logits_BKV[:, :-1]], dim=1).float() / temperature
+    return algorithms.entropy_from_logits(shifted_BKV)
+
+
+def rescored(model: torch.nn.Module, answers: list[Answer], *, temperature: float, vocab_size: int,
+             device: str | torch.device) -> list[torch.Tensor]:  # fmt: skip
+    """Each answer's log-probs [T] float32 (CPU) from a prefill of it alone; an empty answer gives [0]."""
+    out = []
+    for a in answers:
+        if not a.response_ids:
+            out.append(torch.zeros(0, dtype=torch.float32))
+            continue
+        lp_T, _ = alone_log_probs(model, a, temperature=temperature, vocab_size=vocab_size, device=device)
+        out.append(lp_T.float().cpu())
+    return out

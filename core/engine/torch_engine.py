@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,7 +51,7 @@ from grpolab.core.engine.decoder import Decoder
 from grpolab.core.engine.model_runner import ModelRunner, make_runner
 from grpolab.core.engine.sampling import filtered_log_probs, kept_ids
 from grpolab.core.modeling import load_causal_lm
-from grpolab.core.sequence_forward import alone_log_probs
+from grpolab.core.sequence_forward import Answer, rescored
 
 _TINY = torch.finfo(torch.float32).tiny
 _NOISE_BLOCK = 1 << 16  # uniforms drawn per row per generator call: C = clamp(2**16 // V, 1, 32) steps
@@ -67,15 +66,6 @@ class UnknownTensorError(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
-
-
-@dataclass
-class _Scored:
-    """A prompt + answer for `sequence_forward.alone_log_probs` (`batch.ScoredSequence`)."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    kept_token_ids: list[torch.Tensor] | None
 
 
 class TorchEngine:
@@ -279,14 +269,14 @@ class TorchEngine:
     ) -> None:
         """Replace each result's decode log-probs by those of a prefill of its prompt + answer alone
         (`true_on_policy`; the same support: the decode's kept-id sets)."""
-        vocab = int(self.model.config.vocab_size)
-        for req, res in zip(requests, results):
-            if not res.response_ids:
-                continue
-            seq = _Scored(list(req.prompt_ids), list(res.response_ids), res.kept_token_ids)
-            lp_T, _ = alone_log_probs(self.model, seq, temperature=params.temperature, vocab_size=vocab,
-                                      device=self.device)  # fmt: skip
-            res.log_probs = lp_T.float().cpu()
+        answers = [
+            Answer(list(q.prompt_ids), list(r.response_ids), r.kept_token_ids)
+            for q, r in zip(requests, results)
+        ]
+        scores = rescored(self.model, answers, temperature=params.temperature,
+                          vocab_size=int(self.model.config.vocab_size), device=self.device)  # fmt: skip
+        for res, lp in zip(results, scores):
+            res.log_probs = lp
 
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts left-padded to the longest: ids [B, L] int64 and attention mask [B, L] (1 = prompt)."""
