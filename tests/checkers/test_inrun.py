@@ -37,7 +37,14 @@ def test_healthy_ci_run_passes_every_checker(tmp_path: Path) -> None:
         "0.05",
     )
     checks = events(out, "check")
-    assert {c["checker"] for c in checks} == {"weight_update", "weight_version", "logprobs", "kl", "metric"}
+    assert {c["checker"] for c in checks} == {
+        "weight_update",
+        "weight_version",
+        "logprobs",
+        "kl",
+        "metric",
+        "group_seeds",
+    }
     assert all(c["ok"] for c in checks)
     assert [c["rollout_id"] for c in checks if c["checker"] == "kl"] == [0, 1]
     assert events(out)[-1]["status"] == "finished"
