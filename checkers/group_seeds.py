@@ -8,7 +8,7 @@ Every rollout is checked, in every run:
 - `shared_seed`: two samples of a group carry the same sampling seed. A definite bug: a warning, and
   under `--ci-test` the run fails naming the group and the samples.
 - `identical_responses`: every answer of a group (2 or more samples) is the same token list. A
-  confident policy does this for easy prompts, so one such group is a warning only; under
+  confident policy does this for easy prompts, so one such group is a note only; under
   `--ci-test` the run fails when *every* group of the rollout is so (the symptom of shared seeds
   or a sampler that ignores its seed, with all advantages 0).
 """
@@ -72,11 +72,7 @@ def check_groups(rollout_id: int, samples: list[Sample], findings: list[SeedFind
         )
     groups = {s.group_index for s in samples}
     same = {f.group for f in findings if f.code == "identical_responses"}
-    if (
-        len(groups) > 0
-        and same == groups
-        and all(sum(1 for s in samples if s.group_index == g) > 1 for g in groups)
-    ):
+    if groups and same == groups:  # a group is only found identical when it has 2 or more samples
         raise CheckFailure(
             CHECKER,
             f"rollout {rollout_id}: in every one of its {len(groups)} groups all answers are identical, so "

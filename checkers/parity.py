@@ -28,7 +28,7 @@ import torch
 from grpolab.core.batch import Sample
 from grpolab.core.engine.base import GenerationRequest, GenerationResult, SamplingParams
 from grpolab.core.engine.torch_engine import TorchEngine
-from grpolab.core.sequence_forward import Answer, alone_log_probs
+from grpolab.core.sequence_forward import Answer, rescored
 
 
 @dataclass
@@ -99,10 +99,12 @@ def engine_rungs(engine: TorchEngine, prompts: list[list[int]], seeds: list[int]
     vocab = int(engine.model.config.vocab_size)
 
     def prefill(results: list[GenerationResult]) -> list[torch.Tensor]:
+        answers = [
+            Answer(r.prompt_ids, res.response_ids, res.kept_token_ids) for r, res in zip(requests, results)
+        ]
         with torch.inference_mode():
-            return [alone_log_probs(engine.model, Answer(r.prompt_ids, res.response_ids, res.kept_token_ids),
-                                    temperature=sampling.temperature, vocab_size=vocab, device=engine.device)[0]
-                    for r, res in zip(requests, results)]  # fmt: skip
+            return rescored(engine.model, answers, temperature=sampling.temperature, vocab_size=vocab,
+                            device=engine.device)  # fmt: skip
 
     rungs = [compare("engine decode vs engine prefill", [r.log_probs for r in alone], prefill(alone),
                      bitwise=False, tol=tol, cause="the engine's KV-cache decode computes other numbers than "

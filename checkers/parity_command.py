@@ -133,11 +133,12 @@ def _ladder(args: argparse.Namespace, tokenizer, dataset, sampling):  # noqa: AN
                      train_forward=forward, true_on_policy=alone)  # fmt: skip
 
     one = parity.trainer_log_probs(actor(1), samples)
-    many = parity.trainer_log_probs(actor(args.batch_size), samples)
+    batched = actor(args.batch_size)
+    many = parity.trainer_log_probs(batched, samples)
     rungs.append(parity.compare("trainer micro-batch 1 vs N", one, many, bitwise=False, tol=args.tol,
                                 cause="the trainer's numbers depend on its micro-batch (padding length, a "
                                 "batch-dependent normalisation)"))  # fmt: skip
-    rungs.append(_packed_rung(args, actor, samples, parity))
+    rungs.append(_packed_rung(args, actor, batched, samples, parity))
     engine_lp = [s.rollout_log_probs for s in samples]
     rungs.append(parity.compare("trainer vs engine", many, engine_lp, bitwise=False, tol=args.tol,
                                 cause="trainer and engine compute other numbers for the same tokens (weights, "
@@ -159,7 +160,7 @@ def _ladder(args: argparse.Namespace, tokenizer, dataset, sampling):  # noqa: AN
     return rungs, greedy
 
 
-def _packed_rung(args, actor, samples, parity):  # noqa: ANN001, ANN202
+def _packed_rung(args, actor, batched, samples, parity):  # noqa: ANN001, ANN202
     """Packed vs padded on groups of 4 answers sharing a prompt (the layout packing pays on)."""
     import dataclasses
 
@@ -171,7 +172,7 @@ def _packed_rung(args, actor, samples, parity):  # noqa: ANN001, ANN202
     except ValueError as e:
         return parity.Rung("trainer packed vs padded", "tol", 0, 0, 0.0, None, True, "", note=f"skipped: {e}")
     packed = parity.trainer_log_probs(packed_actor, grouped)
-    rung = parity.compare("trainer packed vs padded", packed, parity.trainer_log_probs(actor(args.batch_size),
+    rung = parity.compare("trainer packed vs padded", packed, parity.trainer_log_probs(batched,
                           grouped), bitwise=False, tol=args.tol, cause="the packed forward (one row per "
                           "prompt) computes other numbers than one padded row per sample")  # fmt: skip
     rung.note = f"{packed_actor.forwards['packed']} of {sum(packed_actor.forwards.values())} forwards packed"
