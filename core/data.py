@@ -174,6 +174,8 @@ class PromptDataset:
         )
         if apply_chat_template and not getattr(tokenizer, "chat_template", None):
             raise ValueError("--apply-chat-template: the tokenizer of --hf-checkpoint has no chat template")
+        self.lines = lines
+        self.flag = flag
         self.tokenizer = tokenizer
         self.input_key = input_key
         self.label_key = label_key
@@ -198,6 +200,27 @@ class PromptDataset:
         prompt_ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         label = str(row[self.label_key])
         return Prompt(index=index, text=text, prompt_ids=prompt_ids, label=label, messages=messages)
+
+
+def check_context_room(dataset: PromptDataset, max_context_len: int) -> None:
+    """Check that every prompt leaves room for a reply under `--rollout-max-context-len` (Miles' cap on a
+    sample's prompt + response tokens): a prompt of that many tokens or more could never be answered.
+    Tokenizes every row once (the chat template applied as the rollout applies it).
+
+    Raises:
+        ValueError: naming the flag, the first such row (file line, or row index of a parquet file),
+            its length in tokens and the longest prompt's.
+    """
+    lengths = [len(dataset[i].prompt_ids) for i in range(len(dataset))]
+    full = [i for i, n in enumerate(lengths) if n >= max_context_len]
+    if full:
+        i = full[0]
+        where = f"line {dataset.lines[i]}" if dataset.lines is not None else f"row {i}"
+        raise ValueError(
+            f"--rollout-max-context-len {max_context_len}: {dataset.flag} {dataset.path} {where} is already "
+            f"{lengths[i]} tokens, leaving no room for a reply ({len(full)} of {len(dataset)} prompts are that "
+            f"long; the longest is {max(lengths)} tokens): raise it above the prompts' length"
+        )
 
 
 def check_rows(

@@ -53,7 +53,10 @@ def add_agent_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--rollout-temperature", type=float, default=1.0, help="default: 1.0")
     run.add_argument("--rollout-top-p", type=float, default=1.0, help="default: 1.0")
     run.add_argument(
-        "--rollout-max-response-len", type=int, default=96, help="max_tokens per turn (default: 96)"
+        "--rollout-max-response-len",
+        type=int,
+        default=96,
+        help="response tokens per episode, all turns together, as in training (default: 96)",
     )
     run.add_argument("--seed", type=int, default=1, help="seeds every episode's requests (default: 1)")
     run.add_argument("--agent-timeout", type=float, default=300.0, help="seconds per episode (default: 300)")

@@ -87,28 +87,43 @@ def _tool_calls(messages: list[dict]) -> list[dict]:
 
 
 def _sample(
-    record: TokenRecord, s: PlannedSample, reward: float, per_turn: list[float] | None, version: int
+    record: TokenRecord,
+    s: PlannedSample,
+    reward: float,
+    per_turn: list[float] | None,
+    version: int,
+    ended: str,
 ) -> Sample:
     P = record.prompt_length
     last = record.finish_reasons[-1] if record.finish_reasons else "stop"
+    if not ended:
+        ended = "length" if last == "length" else "answer"
     metadata = episode_metadata(record, tools=[], tool_calls=_tool_calls(record.messages), parse_errors=0,
-                                ended="length" if last == "length" else "answer")  # fmt: skip
+                                ended=ended)  # fmt: skip
     metadata[AGENT_REWARD] = per_turn if per_turn is not None else reward
     return Sample(
         index=s.index, prompt_index=s.prompt.index, group_index=s.group, sample_index=s.k, seed=s.seed,
         prompt_ids=record.ids[:P], response_ids=record.ids[P:],
         rollout_log_probs=torch.tensor([lp or 0.0 for lp in record.logprobs[P:]], dtype=torch.float32),
         loss_mask=torch.tensor(record.loss_mask(), dtype=torch.float32),
-        finish_reason="length" if last == "length" else "stop", prompt_text=s.prompt.text,
+        finish_reason="length" if last == "length" or ended != "answer" else "stop", prompt_text=s.prompt.text,
         response_text="".join(m.get("content") or "" for m in record.messages[len(s.prompt.messages or []):]),
         label=s.prompt.label, weight_version=version, metadata=metadata, reward=reward,
     )  # fmt: skip
 
 
 async def run_agents(
-    fn: Any, base: str, plan: list[PlannedSample], sampling: SamplingParams, timeout: float, version: int
-) -> list[Sample]:
+    fn: Any, base: str, plan: list[PlannedSample], sampling: SamplingParams, timeout: float, version: int,
+    max_context_len: int | None = None,
+) -> list[Sample]:  # fmt: skip
     """Every planned sample's episode, all at once (their requests batch on the engine).
+
+    Each request may ask for up to `sampling.max_new_tokens` (`--rollout-max-response-len`), but the
+    sample keeps at most that many response tokens over all its turns, tool and boundary tokens too
+    (the tool loop's budget, rollout/multi_turn.py), and at most `max_context_len` tokens in all
+    (`--rollout-max-context-len`): the tokens past either are dropped and the sample ends with finish
+    "length" (its `multi_turn.ended` "length" or "context"). Per-turn rewards are counted against the
+    turns the agent saw, before the cut.
 
     Raises:
         RuntimeError: see the module docstring (naming the function, the sample, the user's file:line).
@@ -137,6 +152,9 @@ async def run_agents(
                 f"{where}: the agent sent no chat request to its session ({base}/sessions/{sid}/v1)"
             )
         reward, per_turn = _reward(value, record.model_turns, where)
-        return _sample(record, s, reward, per_turn, version)
+        budget = record.prompt_length + sampling.max_new_tokens
+        limit = min(budget, max_context_len or budget)
+        ended = ("length" if limit == budget else "context") if record.truncate(limit) else ""
+        return _sample(record, s, reward, per_turn, version, ended)
 
     return list(await asyncio.gather(*(one(s) for s in plan)))

@@ -238,4 +238,7 @@ class CustomGeneration:
                 args = miles_args(self.config, host, port)
                 results = asyncio.run(run_generate(self.fn, args, plan, sampling, timeout))
                 return checked_samples(self.fn, results, plan, version)
-            return asyncio.run(run_agents(self.fn, f"http://{host}:{port}", plan, sampling, timeout, version))
+            context = self.config.agent.rollout_max_context_len
+            return asyncio.run(
+                run_agents(self.fn, f"http://{host}:{port}", plan, sampling, timeout, version, context)
+            )

@@ -9,6 +9,8 @@ weight versions. `LivePath` is what the live paths (engine_path.py, central.py) 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from grpolab.core.batch import Sample
@@ -65,7 +67,13 @@ def generate(
         )
     plan = plan_samples(config, dataset, rollout_id=rollout_id, indices=indices, first=first)
     requests = [GenerationRequest(prompt_ids=s.prompt.prompt_ids, seed=s.seed) for s in plan]
-    results = engine.generate(requests, sampling)
+    context = config.agent.rollout_max_context_len
+    if context is None:
+        results = engine.generate(requests, sampling)
+    else:  # each answer at most --rollout-max-context-len less its prompt (train/startup.py checked room)
+        room = [min(sampling.max_new_tokens, context - len(r.prompt_ids)) for r in requests]
+        results = engine.generate(requests, dataclasses.replace(sampling, max_new_tokens=max(room)))
+        results = [res.cut(n) for res, n in zip(results, room)]
     decode = dataset.tokenizer.decode
     return [
         Sample(

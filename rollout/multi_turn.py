@@ -57,17 +57,6 @@ class Episode:
         return len(self.record.ids) - self.record.prompt_length
 
 
-def _cut(res: GenerationResult, n: int) -> GenerationResult:
-    """`res` as if generated with `max_new_tokens = n` (per-sample seeds: the first n tokens are the same)."""
-    if len(res.response_ids) <= n:
-        return res
-    kept = None if res.kept_token_ids is None else res.kept_token_ids[:n]
-    return dataclasses.replace(
-        res, response_ids=res.response_ids[:n], log_probs=res.log_probs[:n], finish_reason="length",
-        kept_token_ids=kept, top_log_probs=None,
-    )  # fmt: skip
-
-
 def _call_id(ep: Episode, turn: int, call: int) -> str:
     """A tool call's id, the same on every run (the template may render it)."""
     return f"call_{ep.seed % 10**12:012d}_{turn}_{call}"
@@ -111,8 +100,7 @@ def _fit(ep: Episode, budget: int, context: float) -> None:
     rec = ep.record
     limit = int(min(rec.prompt_length + budget, context))
     if len(rec.ids) >= limit:
-        for name in ("ids", "sources", "turns", "logprobs", "weight_versions"):
-            del getattr(rec, name)[limit:]
+        rec.truncate(limit)
         ep.ended = "length" if limit == rec.prompt_length + budget else "context"
         ep.finish = "length"
 
@@ -163,7 +151,7 @@ def generate_episodes(
         results = engine.generate(requests, dataclasses.replace(sampling, max_new_tokens=max(room)))
         work = []
         for ep, res, r in zip(active, results, room):
-            calls = _take_reply(ep, _cut(res, r), codec, tools, turn)
+            calls = _take_reply(ep, res.cut(r), codec, tools, turn)
             if calls and turn + 1 == config.agent.generate_max_turns:
                 ep.ended = "max_turns"
             elif calls:

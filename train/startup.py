@@ -23,7 +23,7 @@ from grpolab.core import checkpoint
 from grpolab.core.actor import Actor
 from grpolab.core.algorithms import advantages_always_zero
 from grpolab.core.config import Config
-from grpolab.core.data import PromptDataset
+from grpolab.core.data import PromptDataset, check_context_room
 from grpolab.core.data_identity import DataIdentity, data_identity
 from grpolab.core.dist import DistContext, all_gather_objects, barrier, init_distributed
 from grpolab.core.engine.base import RolloutEngine, SamplingParams
@@ -128,6 +128,8 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
     dataset = PromptDataset(
         cfg.data.prompt_data, tokenizer, tools=tools.specs if tools else None, **dataset_kw
     )
+    if cfg.agent.rollout_max_context_len is not None:
+        check_context_room(dataset, cfg.agent.rollout_max_context_len)
     eval_sets = {
         name: PromptDataset(path, tokenizer, flag=f"--eval-prompt-data {name}", **dataset_kw)
         for name, path in cfg.eval.datasets

@@ -46,8 +46,9 @@ class AgentConfig:
     """How tool calls are read from a reply: qwen25 | hermes (both the <tool_call>{json}</tool_call>
     format)."""
     rollout_max_context_len: int | None = None
-    """Tokens the prompt and every turn together may hold (Miles' flag); a sample whose context
-    reaches it ends with finish "length". Default: no cap but --rollout-max-response-len."""
+    """Tokens a sample's prompt and response together may hold (Miles' flag; in a multi-turn sample
+    every turn's tokens, tool tokens too); a sample whose context reaches it ends with finish "length".
+    A prompt already that long is refused at start. Default: no cap but --rollout-max-response-len."""
     agent_timeout: float = 300.0
     """Seconds one tool call, one custom generate call or one agent episode may take; past it the run
     fails naming the function and the sample (a hang guard: far above a real episode's seconds)."""
@@ -73,6 +74,13 @@ class AgentConfig:
             self.custom_generate_function_path is None or self.custom_agent_function_path is None,
             "--custom-generate-function-path and --custom-agent-function-path both say how a sample is "
             "generated: pass one",
+        )
+        require(
+            self.custom_agent_function_path is None
+            or (self.generate_execute_tool_function_path is None and self.generate_tool_specs_path is None),
+            "--custom-agent-function-path runs its own tools (they are the agent's code): "
+            "--generate-execute-tool-function-path and --generate-tool-specs-path are for the stock tool "
+            "loop or a --custom-generate-function-path; drop them",
         )
         require(
             self.generate_tool_specs_path is None or self.generate_execute_tool_function_path is not None,

@@ -16,6 +16,7 @@ processes an engine launched, when the run ends however it ends).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -101,6 +102,18 @@ class GenerationResult:
     kept_token_ids: list[torch.Tensor] | None = None
     weight_version: int = 0
     top_log_probs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def cut(self, n: int) -> GenerationResult:
+        """This result as if generated with `max_new_tokens = n`: per-sample seeds make the first n
+        tokens the same (core/seeding.py); finish "length" when tokens were dropped, and no
+        `top_log_probs` then (the rows would no longer match)."""
+        if len(self.response_ids) <= n:
+            return self
+        kept = None if self.kept_token_ids is None else self.kept_token_ids[:n]
+        return dataclasses.replace(
+            self, response_ids=self.response_ids[:n], log_probs=self.log_probs[:n], finish_reason="length",
+            kept_token_ids=kept, top_log_probs=None,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -95,6 +95,30 @@ class TokenRecord:
             reply_lengths=list(self.reply_lengths), assistant_tail=self.assistant_tail,
         )  # fmt: skip
 
+    def truncate(self, limit: int) -> bool:
+        """Keep only the first `limit` tokens (a response budget or context cap spent); whether any
+        were dropped. A model turn cut short ends with finish "length"; turns cut away entirely leave
+        `finish_reasons`, `reply_lengths` and the messages (their assistant message and all after it).
+        A message cut short stays as it was sent (the auditor names the cut as truncation)."""
+        if len(self.ids) <= limit:
+            return False
+        for name in ("ids", "sources", "turns", "logprobs", "weight_versions"):
+            del getattr(self, name)[limit:]
+        kept = [0] * self.model_turns
+        for source, turn in zip(self.sources, self.turns):
+            if source == "model":
+                kept[turn - 1] += 1
+        while kept and kept[-1] == 0:
+            kept.pop()
+        if kept and kept[-1] < self.reply_lengths[len(kept) - 1]:
+            self.finish_reasons[len(kept) - 1] = "length"
+        gone = self.model_turns - len(kept)
+        if gone:  # the last model_turns assistant messages are the replies; drop from the first gone
+            replies = [i for i, m in enumerate(self.messages) if m.get("role") == "assistant"]
+            self.messages = self.messages[: replies[-gone]]
+        self.finish_reasons, self.reply_lengths = self.finish_reasons[: len(kept)], kept
+        return True
+
     def loss_mask(self) -> list[int]:
         """Over the response (everything after the first prompt): 1 for model tokens, 0 otherwise."""
         return [1 if s == "model" else 0 for s in self.sources[self.prompt_length :]]

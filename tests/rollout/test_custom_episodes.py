@@ -60,7 +60,22 @@ def test_openai_client_agent_with_per_turn_rewards(tmp_path: Path) -> None:
     run_dir = _run(tmp_path, "openai", "--custom-agent-function-path", "agent_tools.agent_openai")
     for s in load_rollout(run_dir / "0.grz").samples:
         per_turn = s.metadata[AGENT_REWARD]
-        assert len(per_turn) == len(s.metadata[KEY]["finish_reasons"]) and s.reward == sum(per_turn)
+        turns = len(s.metadata[KEY]["finish_reasons"])  # fewer when the budget cut whole turns away
+        assert s.reward == sum(per_turn) and (len(per_turn) == turns or s.metadata[KEY]["ended"] == "length")
+
+
+def test_an_agent_keeps_the_response_budget_over_all_its_turns(tmp_path: Path) -> None:
+    """Each request may ask for --rollout-max-response-len tokens; the sample keeps that many in all."""
+    run_dir = tmp_path / "budget"
+    train_short(run_dir, *BASE, "--rollout-max-response-len", "24", "--custom-agent-function-path",
+                "grpolab.examples.calculator.agent.run", "--save-debug-rollout-data", str(run_dir / "{rollout_id}.grz"))  # fmt: skip
+    samples = load_rollout(run_dir / "0.grz").samples
+    assert all(s.response_length <= 24 for s in samples)
+    cut = [s for s in samples if s.metadata[KEY]["ended"] == "length"]
+    assert cut and all(s.finish_reason == "length" and s.response_length == 24 for s in cut)
+    for s in cut:
+        episode = s.metadata[KEY]
+        assert sum(episode["reply_lengths"]) == int(s.loss_mask.sum())
 
 
 def test_naive_generate_trains_but_check_turns_names_the_dropped_boundary(
@@ -128,6 +143,15 @@ def test_a_broken_episode_function_fails_the_run_naming_it(
                 "agent_tools.generate_bad_mask",
             ],
             "both say how a sample is generated",
+        ),
+        (
+            [
+                "--custom-agent-function-path",
+                "agent_tools.agent_silent",
+                "--generate-execute-tool-function-path",
+                "grpolab.examples.calculator.tools.execute_tool",
+            ],
+            "--custom-agent-function-path runs its own tools",
         ),
         (
             ["--custom-agent-function-path", "agent_tools.agent_silent", "--no-apply-chat-template"],

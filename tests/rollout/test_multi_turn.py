@@ -290,3 +290,27 @@ def test_context_and_turn_limits_end_episodes(tmp_path: Path) -> None:
         )  # a call at the last turn is not run
         assert episode["ended"] in ("max_turns", "answer", "length") and s.loss_mask.all()
     assert capped.is_dir() and one.is_dir()
+
+
+def test_context_cap_on_single_turn_samples_and_prompts_that_fill_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    rec = str(tmp_path / "single{rollout_id}.grz")
+    train_short(tmp_path / "single", "--num-rollout", "1", "--debug-rollout-only", "--rollout-max-context-len", "48",
+                "--rollout-max-response-len", "64", "--save-debug-rollout-data", rec)  # fmt: skip
+    samples = load_rollout(tmp_path / "single0.grz").samples
+    assert all(len(s.prompt_ids) + s.response_length <= 48 for s in samples)
+    capped = [s for s in samples if len(s.prompt_ids) + s.response_length == 48]
+    assert capped and all(s.finish_reason == "length" for s in capped)
+    for extra in ([], TOOL_LOOP):  # a prompt of 37 tokens or more under a cap of 37 can never be answered
+        argv = [
+            "train",
+            *extra,
+            "--rollout-max-context-len",
+            "37",
+            "--run-dir",
+            str(tmp_path / f"full{len(extra)}"),
+        ]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "--rollout-max-context-len 37: --prompt-data" in err and "line 1 is already 37 tokens" in err

@@ -132,3 +132,21 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
     add_reply(record, [5, 6], [-0.1, -0.2], "1", {"role": "assistant", "content": "hm"}, "stop")
     with pytest.raises(TemplateNotIncremental, match=r"messages\[2\] \(tool\)"):
         append_turn(record, [TOOL], render, lambda text: [len(text)], lambda ids: "hm</s>")
+
+
+def test_truncate_cuts_the_record_and_its_turns():
+    """A budget spent inside model turn 2: turn 2 ends "length" with the tokens kept; turn 3 is gone."""
+    record = TokenRecord(prompt_length=2, messages=[USER])
+    record.add([1, 2], "prompt", 0)
+    for turn, ids in enumerate(([5, 6], [7, 8, 9], [10]), 1):
+        add_reply(record, ids, [-0.5] * len(ids), "1", {"role": "assistant", "content": "x"}, "stop")
+        record.add([3], "tool", turn)
+    assert not record.truncate(len(record.ids))
+    assert record.truncate(7)  # prompt 2, turn 1: 2 + tool 1, turn 2: 2 of its 3
+    assert record.ids == [1, 2, 5, 6, 3, 7, 8] and record.sources[-1] == "model"
+    assert record.reply_lengths == [2, 2] and record.finish_reasons == ["stop", "length"]
+    assert record.loss_mask() == [1, 1, 0, 1, 1]
+    assert [m["role"] for m in record.messages] == ["user", "assistant", "assistant"]  # turn 3's reply gone
+    record.messages = record.messages[:2] + [TOOL] + record.messages[2:3]  # as the turns appended them
+    assert record.truncate(5) and record.reply_lengths == [2] and record.finish_reasons == ["stop"]
+    assert record.messages == [USER, record.messages[1], TOOL]  # turn 2's reply gone, the tool kept
