@@ -173,13 +173,16 @@ class _SyncWorker:
         return True
 
 
-async def within(awaitable: Any, timeout: float) -> tuple[bool, Any]:
+async def within(awaitable: Any, timeout: float, *, name: str | None = None) -> tuple[bool, Any]:
     """(finished, result) of awaiting `awaitable` for at most `timeout` s; cancels it when not finished.
+    `name` names its task (what a blocked event loop was running: core/turns/watched.py).
 
     asyncio.wait is used rather than wait_for so that a TimeoutError the user's code raises is an
     error of the function, never mistaken for our timeout (rewards here, the multi-turn functions in
     core/turns/tools.py)."""
     task = asyncio.ensure_future(awaitable)
+    if name is not None:
+        task.set_name(name)
     done, _ = await asyncio.wait({task}, timeout=timeout)
     if not done:
         task.cancel()

@@ -92,7 +92,6 @@ def _server_facts(server: str) -> dict:
 
 def run_agent_command(args: argparse.Namespace) -> int:
     """Run `grpolab agent run`; return the exit code (see the module docstring)."""
-    import asyncio
 
     from grpolab.core.config import Config, DataConfig, RolloutConfig, RunConfig
     from grpolab.core.config.agent import AgentConfig
@@ -139,9 +138,7 @@ def run_agent_command(args: argparse.Namespace) -> int:
     version = str(info.get("weight_version", ""))
     engine_version = int(version) if version.isdigit() else 0  # a fresh server's "default" counts as 0
     try:
-        samples = asyncio.run(
-            run_agents(found[1], server, plan, sampling, args.agent_timeout, engine_version)
-        )
+        samples = run_agents(found[1], server, plan, sampling, args.agent_timeout, engine_version)
     except RuntimeError as e:
         print(f"{PROG}: {AGENT_FLAG.lstrip('-')} failed: {e}", file=sys.stderr)
         return 1

@@ -33,6 +33,7 @@ from grpolab.core.reward_calls import function_name
 from grpolab.core.turns.episode import AGENT_REWARD, episode_metadata
 from grpolab.core.turns.record import TokenRecord
 from grpolab.core.turns.tools import AGENT_FLAG, call_within
+from grpolab.core.turns.watched import run_watched
 from grpolab.rollout.sample_plan import PlannedSample
 
 
@@ -112,11 +113,12 @@ def _sample(
     )  # fmt: skip
 
 
-async def run_agents(
+def run_agents(
     fn: Any, base: str, plan: list[PlannedSample], sampling: SamplingParams, timeout: float, version: int,
     max_context_len: int | None = None,
 ) -> list[Sample]:  # fmt: skip
-    """Every planned sample's episode, all at once (their requests batch on the engine).
+    """Every planned sample's episode, all at once (their requests batch on the engine), on an event
+    loop watched for an agent that blocks it (core/turns/watched.py).
 
     Each request may ask for up to `sampling.max_new_tokens` (`--rollout-max-response-len`), but the
     sample keeps at most that many response tokens over all its turns, tool and boundary tokens too
@@ -126,7 +128,8 @@ async def run_agents(
     turns the agent saw, before the cut.
 
     Raises:
-        RuntimeError: see the module docstring (naming the function, the sample, the user's file:line).
+        RuntimeError: see the module docstring (naming the function, the sample, the user's file:line);
+            core.turns.watched.LoopBlocked.
     """
     name = function_name(fn)
 
@@ -157,4 +160,7 @@ async def run_agents(
         ended = ("length" if limit == budget else "context") if record.truncate(limit) else ""
         return _sample(record, s, reward, per_turn, version, ended)
 
-    return list(await asyncio.gather(*(one(s) for s in plan)))
+    async def every() -> list[Sample]:
+        return list(await asyncio.gather(*(one(s) for s in plan)))
+
+    return run_watched(every(), timeout=timeout, flag=AGENT_FLAG)

@@ -36,6 +36,7 @@ from grpolab.core.reward_calls import function_name
 from grpolab.core.turns.episode import KEY
 from grpolab.core.turns.tools import GENERATE_FLAG as FLAG
 from grpolab.core.turns.tools import call_within
+from grpolab.core.turns.watched import run_watched
 from grpolab.rollout.agent_episode import run_agents
 from grpolab.rollout.door import engine_door
 from grpolab.rollout.sample_plan import PlannedSample, plan_samples
@@ -236,9 +237,9 @@ class CustomGeneration:
         with door as (host, port):
             if self.flag == FLAG:
                 args = miles_args(self.config, host, port)
-                results = asyncio.run(run_generate(self.fn, args, plan, sampling, timeout))
+                results = run_watched(
+                    run_generate(self.fn, args, plan, sampling, timeout), timeout=timeout, flag=FLAG
+                )
                 return checked_samples(self.fn, results, plan, version)
             context = self.config.agent.rollout_max_context_len
-            return asyncio.run(
-                run_agents(self.fn, f"http://{host}:{port}", plan, sampling, timeout, version, context)
-            )
+            return run_agents(self.fn, f"http://{host}:{port}", plan, sampling, timeout, version, context)

@@ -32,7 +32,8 @@ from grpolab.core.turns.codec import ChatCodec
 from grpolab.core.turns.episode import episode_metadata
 from grpolab.core.turns.record import TokenRecord, add_reply, append_turn
 from grpolab.core.turns.tool_calls import ToolCall, parse_tool_calls
-from grpolab.core.turns.tools import ToolSet
+from grpolab.core.turns.tools import EXECUTE_FLAG, ToolSet
+from grpolab.core.turns.watched import run_watched
 from grpolab.rollout.sample_plan import plan_samples
 
 
@@ -156,7 +157,9 @@ def generate_episodes(
                 ep.ended = "max_turns"
             elif calls:
                 work.append((ep, turn, calls))
-        outputs = asyncio.run(_run_calls(work, tools)) if work else []
+        outputs = (
+            run_watched(_run_calls(work, tools), timeout=tools.timeout, flag=EXECUTE_FLAG) if work else []
+        )
         for (ep, _, calls), results_ in zip(work, outputs):
             messages = []
             for c, (call, result) in enumerate(zip(calls, results_)):

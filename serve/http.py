@@ -13,11 +13,13 @@ from starlette.responses import JSONResponse
 from grpolab.serve.protocol import RequestError
 
 
-async def read_json(request: Request, *, default: object = None) -> object:
+async def read_json(request: Request, *, default: object = None, contract: bool = True) -> object:
     """The request's JSON body, or `default` when the body is empty.
 
     Raises:
-        RequestError: the body is not valid JSON (SGLang answers 400 too).
+        RequestError: the body is not valid JSON (SGLang answers 400 too), in the contract-gate shape
+            `{"error": "<text>"}` of `/generate`, or with `contract=False` the OpenAI routes' handler
+            shape `{"error": {"message": "<text>"}}` (what the `openai` client reads).
     """
     raw = await request.body()
     if not raw.strip():
@@ -25,22 +27,22 @@ async def read_json(request: Request, *, default: object = None) -> object:
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(f"the request body is not valid JSON: {e}", contract=True) from e
+        raise RequestError(f"the request body is not valid JSON: {e}", contract=contract) from e
     except RecursionError as e:  # e.g. 10 MB of "[" answered "maximum recursion depth exceeded ..."
         raise RequestError(
             "the request body nests JSON arrays or objects too deeply to read (Python's reader stops near "
             "1,000 levels)",
-            contract=True,
+            contract=contract,
         ) from e
 
 
-async def read_object(request: Request) -> dict:
-    """The request's JSON body as an object (`{}` when empty).
+async def read_object(request: Request, *, contract: bool = True) -> dict:
+    """The request's JSON body as an object (`{}` when empty); `contract` as in `read_json`.
 
     Raises:
         RequestError: not JSON, or JSON that is not an object.
     """
-    body = await read_json(request, default={})
+    body = await read_json(request, default={}, contract=contract)
     if not isinstance(body, dict):
         raise RequestError(f"{request.url.path}: the request body must be a JSON object")
     return body

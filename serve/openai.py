@@ -145,7 +145,9 @@ async def answer_chat(
 async def chat_completions(state: ServerState, request: Request) -> Response:
     """`/v1/chat/completions`: n choices in OpenAI's shape (`chat.completion`, or its event stream)."""
     req = parse_chat(
-        await read_object(request), eos_ids=state.eos_ids, deterministic=state.settings.deterministic
+        await read_object(request, contract=False),
+        eos_ids=state.eos_ids,
+        deterministic=state.settings.deterministic,
     )
     if req.input_ids is not None:
         prompt_ids = req.input_ids

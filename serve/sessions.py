@@ -142,7 +142,9 @@ async def session_chat(state: ServerState, request: Request) -> Response:
     except LookupError as e:
         return error_response(str(e), 404)
     req = parse_chat(
-        await read_object(request), eos_ids=state.eos_ids, deterministic=state.settings.deterministic
+        await read_object(request, contract=False),
+        eos_ids=state.eos_ids,
+        deterministic=state.settings.deterministic,
     )
     if session.lock.locked():
         return error_response(

@@ -52,7 +52,7 @@ async def call_within(
     """
     name = function_name(fn)
     try:
-        finished, result = await within(fn(*args), timeout)
+        finished, result = await within(fn(*args), timeout, name=f"{name} on {where}")
     except Exception as e:
         raise error(f"{flag} {name} raised {type(e).__name__}: {e} on {where}{error_location(fn, e)}") from e
     if not finished:

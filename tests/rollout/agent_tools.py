@@ -98,3 +98,21 @@ async def agent_sleeps(
     """Outlasts any small --agent-timeout."""
     await asyncio.sleep(30)
     return 1.0
+
+
+async def agent_blocks(
+    base_url: str, prompt: list[dict], request_kwargs: dict, metadata: dict, **kw
+) -> float:
+    """Blocks its event loop (a synchronous sleep inside `async def`): no asyncio timeout can fire."""
+    import time
+
+    time.sleep(3)  # the line the error names
+    return 1.0
+
+
+async def blocks(name: str, params: dict) -> str:
+    """A tool that blocks its event loop."""
+    import time
+
+    time.sleep(3)  # the line the error names
+    return "late"

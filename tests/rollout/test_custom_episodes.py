@@ -114,6 +114,10 @@ def test_naive_generate_trains_but_check_turns_names_the_dropped_boundary(
             ["--custom-agent-function-path", "agent_tools.agent_sleeps", "--agent-timeout", "0.2"],
             "ran past --agent-timeout 0.2 s",
         ),
+        (
+            ["--custom-agent-function-path", "agent_tools.agent_blocks", "--agent-timeout", "0.3"],
+            "blocked the event loop for more than --agent-timeout 0.3 s at ",
+        ),
     ],
 )
 def test_a_broken_episode_function_fails_the_run_naming_it(

@@ -246,6 +246,7 @@ def test_tool_specs_file_and_chat_template_needed(tmp_path: Path, capsys: pytest
         ("agent_tools.raises_timeout", "agent_tools.raises_timeout raised TimeoutError: the calculator"),
         ("agent_tools.returns_number", "returned int on sample"),
         ("agent_tools.sleeps", "ran past --agent-timeout 0.2 s on sample"),
+        ("agent_tools.blocks", "agent_tools.blocks on sample "),
     ],
 )
 def test_a_failing_tool_fails_the_run_naming_it(tmp_path: Path, tool: str, message: str) -> None:

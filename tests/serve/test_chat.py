@@ -205,3 +205,15 @@ def test_the_openai_client_raises_on_an_unknown_field(client):
         client.chat.completions.create(
             model="tiny-qwen3", messages=USER, extra_body={"return_tokens_ids": True}
         )
+
+
+def test_a_body_that_is_not_json_is_a_400_in_the_openai_error_shape(server):
+    """The shape the `openai` client reads its message from, as every other error of these routes."""
+    session = server.call("/sessions", {}).body["session_id"]
+    for path in ("/v1/chat/completions", f"/sessions/{session}/v1/chat/completions"):
+        headers = {"Content-Type": "application/json"}
+        req = urllib.request.Request(server.url + path, data=b"{not json", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(req)
+        assert answer.value.code == 400
+        assert "not valid JSON" in json.loads(answer.value.read())["error"]["message"]
