@@ -155,9 +155,8 @@ def run_agents(
                 f"{where}: the agent sent no chat request to its session ({base}/sessions/{sid}/v1)"
             )
         reward, per_turn = _reward(value, record.model_turns, where)
-        budget = record.prompt_length + sampling.max_new_tokens
-        limit = min(budget, max_context_len or budget)
-        ended = ("length" if limit == budget else "context") if record.truncate(limit) else ""
+        limit, bound = record.limit(sampling.max_new_tokens, max_context_len)
+        ended = bound if record.truncate(limit) else ""
         return _sample(record, s, reward, per_turn, version, ended)
 
     async def every() -> list[Sample]:

@@ -9,14 +9,12 @@ weight versions. `LivePath` is what the live paths (engine_path.py, central.py) 
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset, rollout_prompt_indices
-from grpolab.core.engine.base import GenerationRequest, RolloutEngine, SamplingParams
+from grpolab.core.engine.base import GenerationRequest, RolloutEngine, SamplingParams, generate_within
 from grpolab.core.turns.tools import ToolSet
 from grpolab.rollout.base import RolloutInputs
 from grpolab.rollout.custom_generate import CustomGeneration
@@ -72,8 +70,7 @@ def generate(
         results = engine.generate(requests, sampling)
     else:  # each answer at most --rollout-max-context-len less its prompt (train/startup.py checked room)
         room = [min(sampling.max_new_tokens, context - len(r.prompt_ids)) for r in requests]
-        results = engine.generate(requests, dataclasses.replace(sampling, max_new_tokens=max(room)))
-        results = [res.cut(n) for res, n in zip(results, room)]
+        results = generate_within(engine, requests, sampling, room)
     decode = dataset.tokenizer.decode
     return [
         Sample(

@@ -17,7 +17,6 @@ mask 1 and their engine log-probs; tool, user and boundary tokens mask 0 and log
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -26,7 +25,13 @@ import torch
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.data import Prompt, PromptDataset
-from grpolab.core.engine.base import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
+from grpolab.core.engine.base import (
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    SamplingParams,
+    generate_within,
+)
 from grpolab.core.seeding import derive_turn_seed
 from grpolab.core.turns.codec import ChatCodec
 from grpolab.core.turns.episode import episode_metadata
@@ -98,12 +103,10 @@ async def _run_calls(work: list[tuple[Episode, int, list[ToolCall]]], tools: Too
 
 def _fit(ep: Episode, budget: int, context: float) -> None:
     """End an episode whose response or context is spent (tool tokens past the budget are dropped)."""
-    rec = ep.record
-    limit = int(min(rec.prompt_length + budget, context))
-    if len(rec.ids) >= limit:
-        rec.truncate(limit)
-        ep.ended = "length" if limit == rec.prompt_length + budget else "context"
-        ep.finish = "length"
+    limit, bound = ep.record.limit(budget, context)
+    if len(ep.record.ids) >= limit:
+        ep.record.truncate(limit)
+        ep.ended, ep.finish = bound, "length"
 
 
 def generate_episodes(
@@ -149,10 +152,10 @@ def generate_episodes(
             GenerationRequest(prompt_ids=list(ep.record.ids), seed=derive_turn_seed(ep.seed, turn))
             for ep in active
         ]
-        results = engine.generate(requests, dataclasses.replace(sampling, max_new_tokens=max(room)))
+        results = generate_within(engine, requests, sampling, room)
         work = []
-        for ep, res, r in zip(active, results, room):
-            calls = _take_reply(ep, res.cut(r), codec, tools, turn)
+        for ep, res in zip(active, results):
+            calls = _take_reply(ep, res, codec, tools, turn)
             if calls and turn + 1 == config.agent.generate_max_turns:
                 ep.ended = "max_turns"
             elif calls:

@@ -116,6 +116,16 @@ class GenerationResult:
         )  # fmt: skip
 
 
+def generate_within(
+    engine: RolloutEngine, requests: list[GenerationRequest], params: SamplingParams, limits: list[int]
+) -> list[GenerationResult]:
+    """One engine call for `requests` whose answers may hold at most `limits[i]` tokens each (a response
+    budget or context cap left per sample): generated with the largest limit, each cut to its own
+    (`GenerationResult.cut`), so the batch stays one call."""
+    results = engine.generate(requests, dataclasses.replace(params, max_new_tokens=max(limits)))
+    return [res.cut(n) for res, n in zip(results, limits)]
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineHealth:
     """Result of `health()`: whether the engine answers, its weight version and memory state."""

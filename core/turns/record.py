@@ -95,6 +95,15 @@ class TokenRecord:
             reply_lengths=list(self.reply_lengths), assistant_tail=self.assistant_tail,
         )  # fmt: skip
 
+    def limit(self, max_response: int, max_context: float | None) -> tuple[int, str]:
+        """(tokens the record may hold, what bounds it): the prompt plus `max_response` response tokens
+        (`--rollout-max-response-len`: "length"), or `max_context` when that is smaller
+        (`--rollout-max-context-len`: "context")."""
+        budget = self.prompt_length + max_response
+        if max_context is not None and max_context < budget:
+            return int(max_context), "context"
+        return budget, "length"
+
     def truncate(self, limit: int) -> bool:
         """Keep only the first `limit` tokens (a response budget or context cap spent); whether any
         were dropped. A model turn cut short ends with finish "length"; turns cut away entirely leave
