@@ -40,6 +40,7 @@ class Rung:
         equal / total: bitwise-equal positions of all compared; max_abs: the largest |Δ| (nats).
         first: (sample, answer token) of the first position beyond the bar, or None.
         passed: the bar holds; cause: what a failure most likely means; note: extra facts.
+        skipped: the rung could not run here (it passes; `note` says why).
     """
 
     name: str
@@ -51,6 +52,7 @@ class Rung:
     passed: bool
     cause: str
     note: str = ""
+    skipped: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,37 +90,73 @@ def same_token_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def engine_rungs(engine: TorchEngine, prompts: list[list[int]], seeds: list[int], sampling: SamplingParams, *,
-                 tol: float) -> tuple[list[Rung], list[GenerationResult], list[torch.Tensor]]:  # fmt: skip
-    """Rungs 1-2 (see the module docstring; decode vs prefill on each request alone, so a batch fault
-    shows first on the batch rung), the batch's answers (decode log-probs) and their prefill log-probs
-    (each answer alone: the engine's side under `--true-on-policy-mode`)."""
-    requests = [GenerationRequest(prompt_ids=p, seed=s) for p, s in zip(prompts, seeds)]
-    alone = [engine.generate([r], sampling)[0] for r in requests]
-    batch = engine.generate(requests, sampling)
-    vocab = int(engine.model.config.vocab_size)
+class LocalEngine:
+    """The in-process engine as the ladder's engine side (`ServerEngine` in parity_server.py is the other).
 
-    def prefill(results: list[GenerationResult]) -> list[torch.Tensor]:
+    `prefill` scores answers by the engine's own prefill of each alone over the decode's kept support;
+    `top_ids` is the engine's k most likely next tokens after `ids`; `rescores_by_prefill` says whether
+    the log-probs `generate` returns are already that prefill's (`--true-on-policy-mode`).
+    """
+
+    def __init__(self, engine: TorchEngine) -> None:
+        self.engine = engine
+        self.name = "the in-process engine"
+        self.rescores_by_prefill = engine.true_on_policy
+        self.vocab_size = int(engine.model.config.vocab_size)
+
+    def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        return self.engine.generate(requests, params)
+
+    def prefill(self, answers: list[Answer], temperature: float) -> list[torch.Tensor] | None:
+        with torch.inference_mode():
+            return rescored(self.engine.model, answers, temperature=temperature, vocab_size=self.vocab_size,
+                            device=self.engine.device)  # fmt: skip
+
+    def top_ids(self, ids: list[int], k: int) -> set[int]:
+        with torch.inference_mode():
+            return set(self.engine.model(torch.tensor([ids])).logits[0, -1].topk(k).indices.tolist())
+
+
+def engine_rungs(side: Any, prompts: list[list[int]], seeds: list[int], sampling: SamplingParams, *,
+                 tol: float) -> tuple[list[Rung], list[GenerationResult], list[torch.Tensor] | None]:  # fmt: skip
+    """Rungs 1-2 (see the module docstring; decode vs prefill on each request alone, so a batch fault
+    shows first on the batch rung) on `side` (`LocalEngine` or parity_server.ServerEngine), the batch's
+    answers (decode log-probs) and their prefill log-probs (each answer alone: the engine's side under
+    `--true-on-policy-mode`; None when `side` cannot prefill over the kept support)."""
+    requests = [GenerationRequest(prompt_ids=p, seed=s) for p, s in zip(prompts, seeds)]
+    alone = [side.generate([r], sampling)[0] for r in requests]
+    batch = side.generate(requests, sampling)
+
+    def prefill(results: list[GenerationResult]) -> list[torch.Tensor] | None:
         answers = [
             Answer(r.prompt_ids, res.response_ids, res.kept_token_ids) for r, res in zip(requests, results)
         ]
-        with torch.inference_mode():
-            return rescored(engine.model, answers, temperature=sampling.temperature, vocab_size=vocab,
-                            device=engine.device)  # fmt: skip
+        return side.prefill(answers, sampling.temperature)
 
-    rungs = [compare("engine decode vs engine prefill", [r.log_probs for r in alone], prefill(alone),
-                     bitwise=False, tol=tol, cause="the engine's KV-cache decode computes other numbers than "
-                     "its full forward (a decoder kernel, the cache's dtype or layout)")]  # fmt: skip
+    alone_prefill = prefill(alone)
+    cause = ("the engine's KV-cache decode computes other numbers than its full forward (a decoder kernel, the "
+             "cache's dtype or layout)")  # fmt: skip
+    if alone_prefill is None:
+        rungs = [skipped("engine decode vs engine prefill", f"skipped: {side.name} cannot prefill over the "
+                         "kept top-p/top-k support (run with --rollout-top-p 1 --rollout-top-k 0)")]  # fmt: skip
+    else:
+        rungs = [compare("engine decode vs engine prefill", [r.log_probs for r in alone], alone_prefill,
+                         bitwise=False, tol=tol, cause=cause)]  # fmt: skip
     rungs.append(_answers_rung("a request alone vs in a batch (random companions)", alone, batch, tol,
                                "the engine's numbers depend on the request's batch companions (padding, "
                                "batch-size-dependent kernels): not batch-invariant"))  # fmt: skip
     shared = [GenerationRequest(prompt_ids=prompts[0], seed=seeds[0] + k) for k in range(len(prompts))]
-    together = engine.generate(shared, sampling)
-    apart = [engine.generate([r], sampling)[0] for r in shared]
+    together = side.generate(shared, sampling)
+    apart = [side.generate([r], sampling)[0] for r in shared]
     rungs.append(_answers_rung("a request alone vs in a batch (companions sharing its prompt)", apart,
                                together, tol, "a prompt shared across the batch (one prefill, shared KV rows) "
                                "gives other numbers than the prompt alone"))  # fmt: skip
-    return rungs, batch, prefill(batch)
+    return rungs, batch, (None if alone_prefill is None else prefill(batch))
+
+
+def skipped(name: str, note: str) -> Rung:
+    """A rung that could not run (it passes: nothing was compared; `note` says why)."""
+    return Rung(name, "tol", 0, 0, 0.0, None, True, "", note=note, skipped=True)
 
 
 def _answers_rung(
@@ -168,12 +206,12 @@ class GreedyRow:
     engine_correct: bool
 
 
-def greedy_rows(model: torch.nn.Module, engine: TorchEngine, prompts: list[list[int]], labels: list[str],
+def greedy_rows(model: torch.nn.Module, side: Any, prompts: list[list[int]], labels: list[str],
                 max_new_tokens: int, stop_ids: tuple[int, ...], decode: Any, reward: Any) -> list[GreedyRow]:  # fmt: skip
-    """Per prompt: the first token where transformers' greedy answer and the engine's differ, the overlap
-    of both models' top-5 next tokens there (scored on the shared prefix), and each answer's reward."""
+    """Per prompt: the first token where transformers' greedy answer and the engine's (`side`) differ, the
+    overlap of both models' top-5 next tokens there (after the shared prefix), and each answer's reward."""
     params = SamplingParams(temperature=1.0, top_k=1, max_new_tokens=max_new_tokens, stop_token_ids=stop_ids)
-    ours = engine.generate([GenerationRequest(prompt_ids=p, seed=0) for p in prompts], params)
+    ours = side.generate([GenerationRequest(prompt_ids=p, seed=0) for p in prompts], params)
     rows = []
     with torch.inference_mode():
         for i, (p, res, label) in enumerate(zip(prompts, ours, labels)):
@@ -185,10 +223,9 @@ def greedy_rows(model: torch.nn.Module, engine: TorchEngine, prompts: list[list[
             diverges = None if theirs == res.response_ids else cut
             overlap = None
             if diverges is not None:
-                prefix = torch.tensor([p + theirs[:cut]])
-                hf_top = set(model(prefix).logits[0, -1].topk(5).indices.tolist())
-                eng_top = set(engine.model(prefix).logits[0, -1].topk(5).indices.tolist())
-                overlap = len(hf_top & eng_top)
+                prefix = p + theirs[:cut]
+                hf_top = set(model(torch.tensor([prefix])).logits[0, -1].topk(5).indices.tolist())
+                overlap = len(hf_top & side.top_ids(prefix, 5))
             rows.append(GreedyRow(i, diverges, overlap, reward(decode(theirs), label) > 0,
                                   reward(decode(res.response_ids), label) > 0))  # fmt: skip
     return rows

@@ -1,7 +1,10 @@
 """`grpolab check parity`: run the same prompts through the parity ladder (checkers/parity.py) and
 print, per rung, bitwise-equal positions / total, max |Δ log-prob| and the first differing sample and
 token. Exit 0 when every rung meets its bar, 1 naming the first failing rung and its likely cause,
-2 bad input. In-process engine only (a `--server` rung is not built yet).
+2 bad input. `--server URL` puts a running engine server in the engine's rungs (checkers/parity_server.py);
+the world-size rung spawns 2 gloo ranks (checkers/parity_world.py). `--json` writes the report with this
+machine's environment manifest; `--baseline FILE` (an earlier `--json` report) prints the rungs whose
+numbers moved since and what changed in the manifest.
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ def add_parity_parser(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--rollout-dtype", default="float32", metavar="D", help="engine and trainer dtype")
     p.add_argument("--tol", type=float, default=1e-5, metavar="X", help="the bar of the non-bitwise rungs")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--server", metavar="URL", help="a running `grpolab serve` or SGLang engine (not a router) "
+                   "for the engine's rungs, instead of the in-process engine")  # fmt: skip
+    p.add_argument("--no-world-size", action="store_true", help="skip the world size 1 vs 2 rung (it spawns "
+                   "2 gloo ranks)")  # fmt: skip
+    p.add_argument("--baseline", metavar="FILE", help="an earlier `--json` report: print the rungs that moved "
+                   "and what changed in the environment manifest")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
 
 
@@ -63,6 +72,8 @@ def _inputs(args: argparse.Namespace):  # noqa: ANN202 (tokenizer, dataset, samp
     if not args.tol >= 0:
         raise ValueError(f"--tol must be >= 0, got {args.tol}")
     check_dtype(args.rollout_dtype, "--rollout-dtype")
+    if args.server is not None and not args.server.startswith(("http://", "https://")):
+        raise ValueError(f"--server {args.server}: expected http://HOST:PORT of a running engine server")
     if not Path(args.hf_checkpoint).exists():
         raise FileNotFoundError(f"--hf-checkpoint {args.hf_checkpoint}: no such model directory or file")
     tokenizer = load_tokenizer(args.hf_checkpoint)
@@ -76,18 +87,33 @@ def _inputs(args: argparse.Namespace):  # noqa: ANN202 (tokenizer, dataset, samp
 
 def run_parity_command(args: argparse.Namespace) -> int:
     """Run `grpolab check parity`; return the exit code (see the module docstring)."""
+    from grpolab.checkers.parity_baseline import moved_lines, read_baseline
+    from grpolab.rundir.writer import environment_fingerprint
+
     try:
+        baseline = read_baseline(args.baseline) if args.baseline else None
         tokenizer, dataset, sampling = _inputs(args)
+        side = _engine_side(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    rungs, greedy = _ladder(args, tokenizer, dataset, sampling)
+    try:
+        rungs, greedy = _ladder(args, side, tokenizer, dataset, sampling)
+    except RuntimeError as e:  # the server failed mid-ladder
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if hasattr(side, "close"):
+            side.close()
     failed = next((r for r in rungs if not r.passed), None)
+    report = {"rungs": [r.as_json() for r in rungs], "greedy": [g.__dict__ for g in greedy],
+              "failed": failed.name if failed else None, "settings": _settings(args),
+              "environment": environment_fingerprint()}  # fmt: skip
+    moved = moved_lines(baseline, report, args.baseline) if baseline is not None else []
     if args.json:
-        print(json.dumps({"rungs": [r.as_json() for r in rungs], "greedy": [g.__dict__ for g in greedy],
-                          "failed": failed.name if failed else None}))  # fmt: skip
+        print(json.dumps(report | ({"moved": moved} if baseline is not None else {})))
     else:
-        print(_table(args, rungs, greedy))
+        print("\n".join([_table(args, rungs, greedy), *moved]))
         if failed is not None:
             where = (
                 f" (first at sample {failed.first[0]}, answer token {failed.first[1]})"
@@ -98,8 +124,33 @@ def run_parity_command(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _ladder(args: argparse.Namespace, tokenizer, dataset, sampling):  # noqa: ANN001, ANN202
-    """Every rung of checkers/parity.py on the first `--num-prompts` prompts."""
+def _settings(args: argparse.Namespace) -> dict:
+    """The flags that decide the ladder's numbers (recorded in `--json`, compared by `--baseline`)."""
+    keys = ("hf_checkpoint", "prompt_data", "num_prompts", "batch_size", "rollout_temperature", "rollout_top_p",
+            "rollout_top_k", "rollout_max_response_len", "rollout_dtype", "tol", "seed", "server")  # fmt: skip
+    return {k: getattr(args, k) for k in keys}
+
+
+def _engine_side(args: argparse.Namespace):  # noqa: ANN202 (parity.LocalEngine | ServerEngine)
+    """The engine the engine rungs run on: `--server`'s, or the in-process one.
+
+    Raises:
+        ValueError: the server does not answer or serves another model (parity_server.ServerEngine).
+    """
+    if args.server is not None:
+        from grpolab.checkers.parity_server import ServerEngine
+
+        return ServerEngine(args.server, args.hf_checkpoint)
+    from grpolab.checkers.parity import LocalEngine
+    from grpolab.core.dtypes import parse_dtype
+    from grpolab.core.engine.torch_engine import TorchEngine
+
+    dtype = parse_dtype(args.rollout_dtype, "--rollout-dtype")
+    return LocalEngine(TorchEngine(args.hf_checkpoint, dtype=dtype, show_progress=False))
+
+
+def _ladder(args: argparse.Namespace, side, tokenizer, dataset, sampling):  # noqa: ANN001, ANN202
+    """Every rung of checkers/parity.py on the first `--num-prompts` prompts, the engine's on `side`."""
     import torch
 
     from grpolab.checkers import parity
@@ -107,7 +158,6 @@ def _ladder(args: argparse.Namespace, tokenizer, dataset, sampling):  # noqa: AN
     from grpolab.core.batch import Sample
     from grpolab.core.config import AlgorithmConfig, OptimizerConfig
     from grpolab.core.dtypes import parse_dtype
-    from grpolab.core.engine.torch_engine import TorchEngine
     from grpolab.core.modeling import load_causal_lm
     from grpolab.core.rewards import math_reward
     from grpolab.core.seeding import derive_sample_seed
@@ -118,8 +168,7 @@ def _ladder(args: argparse.Namespace, tokenizer, dataset, sampling):  # noqa: AN
     labels = [dataset[i].label for i in range(n)]
     seeds = [derive_sample_seed(args.seed, 0, i, 0) for i in range(n)]
     dtype = parse_dtype(args.rollout_dtype, "--rollout-dtype")
-    engine = TorchEngine(args.hf_checkpoint, dtype=dtype, show_progress=False)
-    rungs, batch, prefill = parity.engine_rungs(engine, prompts, seeds, sampling, tol=args.tol)
+    rungs, batch, prefill = parity.engine_rungs(side, prompts, seeds, sampling, tol=args.tol)
     samples = [Sample(index=i, prompt_index=i, group_index=i, sample_index=0, seed=s, prompt_ids=p,
                       response_ids=list(r.response_ids), rollout_log_probs=r.log_probs,
                       loss_mask=torch.ones(len(r.response_ids)), finish_reason=r.finish_reason,
@@ -143,11 +192,9 @@ def _ladder(args: argparse.Namespace, tokenizer, dataset, sampling):  # noqa: AN
     rungs.append(parity.compare("trainer vs engine", many, engine_lp, bitwise=False, tol=args.tol,
                                 cause="trainer and engine compute other numbers for the same tokens (weights, "
                                 "dtype, a kernel, the kept top-p/top-k support)"))  # fmt: skip
-    alone = parity.trainer_log_probs(actor(args.batch_size, alone=True), samples)
-    rungs.append(parity.compare("trainer vs engine, each answer alone (--true-on-policy-mode)", alone, prefill,
-                                bitwise=True, tol=0.0, cause="under --true-on-policy-mode both sides run one "
-                                "function on the same weights; a difference means other weights or "
-                                "another forward"))  # fmt: skip
+    rungs.append(_alone_rung(args, actor, side, samples, engine_lp if side.rescores_by_prefill else prefill,
+                             parity))  # fmt: skip
+    rungs.append(_world_rung(args, dtype, sampling, samples, one, parity))
     model = load_causal_lm(args.hf_checkpoint, dtype=dtype)
     answers = [Answer(s.prompt_ids, s.response_ids, s.kept_token_ids) for s in samples]
     hf = parity.hf_forward_log_probs(model, answers, sampling.temperature, int(model.config.vocab_size))
@@ -155,9 +202,35 @@ def _ladder(args: argparse.Namespace, tokenizer, dataset, sampling):  # noqa: AN
                                 tol=args.tol, cause="transformers' default forward (no mask, all positions) "
                                 "gives other numbers than the engine"))  # fmt: skip
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    greedy = parity.greedy_rows(model, engine, prompts, labels, args.rollout_max_response_len,
+    greedy = parity.greedy_rows(model, side, prompts, labels, args.rollout_max_response_len,
                                 sampling.stop_token_ids, decode, math_reward)  # fmt: skip
     return rungs, greedy
+
+
+def _alone_rung(args, actor, side, samples, engine_alone, parity):  # noqa: ANN001, ANN202
+    """The bitwise rung: the trainer scoring each answer alone against the engine's prefill of it alone
+    (its answers' own log-probs when the server re-scores by prefill, `--true-on-policy-mode`)."""
+    name = "trainer vs engine, each answer alone (--true-on-policy-mode)"
+    if engine_alone is None:
+        return parity.skipped(name, f"skipped: {side.name} has no prefill over the kept top-p/top-k support "
+                              "and does not report true_on_policy_mode")  # fmt: skip
+    alone = parity.trainer_log_probs(actor(args.batch_size, alone=True), samples)
+    return parity.compare(name, alone, engine_alone, bitwise=True, tol=0.0, cause="under "
+                          "--true-on-policy-mode both sides run one function on the same weights; a difference "
+                          "means other weights or another forward")  # fmt: skip
+
+
+def _world_rung(args, dtype, sampling, samples, one, parity):  # noqa: ANN001, ANN202
+    """World size 1 vs 2 (gloo, FSDP2), each sample alone on both sides (checkers/parity_world.py)."""
+    name = "trainer world size 1 vs 2 (gloo)"
+    if args.no_world_size:
+        return parity.skipped(name, "skipped: --no-world-size")
+    from grpolab.checkers.parity_world import world_log_probs
+
+    two = world_log_probs(args.hf_checkpoint, dtype, sampling.temperature, samples)
+    return parity.compare(name, one, two, bitwise=True, tol=0.0, cause="the FSDP-sharded trainer computes "
+                          "other numbers than one process: the gathered parameters are not the loaded ones "
+                          "(a cast while sharding, a reducing gather)")  # fmt: skip
 
 
 def _packed_rung(args, actor, batched, samples, parity):  # noqa: ANN001, ANN202
@@ -170,7 +243,7 @@ def _packed_rung(args, actor, batched, samples, parity):  # noqa: ANN001, ANN202
     try:
         packed_actor = actor(args.batch_size, "shared-prefix")
     except ValueError as e:
-        return parity.Rung("trainer packed vs padded", "tol", 0, 0, 0.0, None, True, "", note=f"skipped: {e}")
+        return parity.skipped("trainer packed vs padded", f"skipped: {e}")
     packed = parity.trainer_log_probs(packed_actor, grouped)
     rung = parity.compare("trainer packed vs padded", packed, parity.trainer_log_probs(batched,
                           grouped), bitwise=False, tol=args.tol, cause="the packed forward (one row per "
@@ -181,10 +254,11 @@ def _packed_rung(args, actor, batched, samples, parity):  # noqa: ANN001, ANN202
 
 def _table(args: argparse.Namespace, rungs, greedy) -> str:  # noqa: ANN001
     """The report: one line per rung, then the greedy rows."""
-    lines = [f"{PROG}: {args.hf_checkpoint}, {args.num_prompts} prompts, dtype {args.rollout_dtype}, "
+    engine = f"engine {args.server}" if args.server else "in-process engine"
+    lines = [f"{PROG}: {args.hf_checkpoint}, {engine}, {args.num_prompts} prompts, dtype {args.rollout_dtype}, "
              f"top-p {args.rollout_top_p}, top-k {args.rollout_top_k}, --tol {args.tol:g}"]  # fmt: skip
     for r in rungs:
-        verdict = "ok  " if r.passed else "FAIL"
+        verdict = "skip" if r.skipped else "ok  " if r.passed else "FAIL"
         first = f"first beyond the bar: sample {r.first[0]} token {r.first[1]}" if r.first else ""
         lines.append(f"  {verdict} {r.name:62s} [{r.bar:7s}] bitwise {r.equal}/{r.total}  max |Δ| "
                      f"{r.max_abs:.3g}  {first}{'  (' + r.note + ')' if r.note else ''}")  # fmt: skip

@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from grpolab.core.nested import differing
 from grpolab.diff.frames import TIME_COLUMN
 from grpolab.diff.layers import layer_divergence
 from grpolab.diff.report import MetricDivergence, RunDiff, SetupDifference
 from grpolab.diff.samples import compare_recordings
-from grpolab.diff.series import flatten, seed_band, values_equal
+from grpolab.diff.series import seed_band, values_equal
 from grpolab.diff.sources import RunSource, read_source
 
 TIMING_KEY = re.compile(r"^perf/|_time$|per_sec|tflops|throughput")
@@ -81,14 +82,8 @@ def diff_runs(
 
 # ------------------------------------------------------------------------------- layer 1
 def _section(section: str, a: dict[str, Any], b: dict[str, Any]) -> list[SetupDifference]:
-    fa, fb = flatten(a), flatten(b)
-    out = []
-    for key in sorted(set(fa) | set(fb)):
-        va, vb = fa.get(key), fb.get(key)
-        if repr(va) != repr(vb):
-            only = "" if key in fa and key in fb else A if key in fa else B
-            out.append(SetupDifference(section, key, va, vb, only))
-    return out
+    return [SetupDifference(section, key, va, vb, {"a": A, "b": B}.get(only, ""))
+            for key, va, vb, only in differing(a, b)]  # fmt: skip
 
 
 def setup_differences(a: RunSource, b: RunSource) -> list[SetupDifference]:

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from grpolab.core.nested import flatten
+
 
 def metric_series(scalars: pd.DataFrame, key: str) -> pd.DataFrame:
     """One key across runs: index step, one column per run (NaN where a run did not log it)."""
@@ -148,18 +150,6 @@ def divergence_report(
     first = int(hits[0])
     first_keys = tuple(k for k in flags if bool(diverged.loc[first, k]))
     return DivergenceReport(table, first, first_keys, len(table))
-
-
-def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts → {"section.field": value}; lists and scalars are leaves."""
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, name + "."))
-        else:
-            out[name] = v
-    return out
 
 
 def config_diff(configs: dict[str, dict[str, Any]]) -> pd.DataFrame:

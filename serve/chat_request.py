@@ -231,6 +231,8 @@ def parse_chat(body: object, *, eos_ids: tuple[int, ...], deterministic: bool) -
     sampling = parse_sampling(
         _sampling_dict(body), eos_ids=eos_ids, deterministic=deterministic, top_logprobs_num=top
     )
+    if sampling.prefill_only:
+        raise RequestError("max_tokens must be >= 1 in /v1/chat/completions, got 0")
     return ChatRequest(
         messages=messages,
         input_ids=input_ids,

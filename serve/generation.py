@@ -6,10 +6,11 @@ import asyncio
 import secrets
 import time
 
+import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from grpolab.core.engine.base import SamplingParams
+from grpolab.core.engine.base import GenerationResult, SamplingParams
 from grpolab.serve.http import error_response, read_json
 from grpolab.serve.protocol import GenerateItem, RequestError, check_fits, parse_generate
 from grpolab.serve.responses import abort_response, generate_response
@@ -37,10 +38,12 @@ async def run_items(state: ServerState, items: list[GenerateItem]) -> list[dict]
                 raise
             raise RequestError(f"prompt {i} of the batch: {e}") from e  # which one, in a batch
     start = time.perf_counter()
-    results = await state.batcher.submit(items)
+    decoded = iter(await state.batcher.submit([it for it in items if not it.prefill_only]))
+    results = [_NOTHING if it.prefill_only else next(decoded) for it in items]
+    prompt_lps = [await _prompt_log_probs(state, it) for it in items]
     seconds = time.perf_counter() - start
     out = []
-    for item, result in zip(items, results):
+    for item, result, prompt_lp in zip(items, results, prompt_lps):
         if isinstance(result, str):
             out.append(abort_response(item, result, weight_version=state.weight_version))
             continue
@@ -61,9 +64,26 @@ async def run_items(state: ServerState, items: list[GenerateItem]) -> list[dict]
             generate_response(
                 item, result, weight_version=state.weight_version, text=text,
                 vocab_size=state.vocab_size, seconds=seconds, matched_stop=cut.matched if cut else None,
+                prompt_log_probs=prompt_lp,
             )
         )  # fmt: skip
     return out
+
+
+_NOTHING = GenerationResult(response_ids=[], log_probs=torch.zeros(0), finish_reason="length")
+"""The result of a `max_new_tokens` 0 request: no tokens."""
+
+
+async def _prompt_log_probs(state: ServerState, item: GenerateItem) -> torch.Tensor | None:
+    """With `return_logprob` and `logprob_start_len` k >= 0: float32 [len(prompt) - k - 1], the prompt's
+    log-probs after position k from one prefill of the prompt alone on the engine thread; else None."""
+    if not item.return_logprob or item.logprob_start_len < 0:
+        return None
+    if state.batcher.blocked_reason:
+        raise RuntimeError(state.batcher.blocked_reason)
+    return await state.batcher.exclusive(
+        state.engine.prompt_log_probs, item.prompt_ids, item.logprob_start_len, item.params.temperature
+    )
 
 
 async def generate(state: ServerState, request: Request) -> Response:

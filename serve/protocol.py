@@ -8,14 +8,16 @@ An unknown key inside `sampling_params` is the contract's 400 with serde's text 
 it, so a misspelt `retrun_logprob` would silently give an answer without log-probs. Every field of
 `sglang.api.v1.GenerateRequest` (`GENERATE_KEYS`) and the Python-only fields SGLang's server reads
 (`PYTHON_ONLY_KEYS`) are known. Known keys this engine cannot honour (penalties,
-grammars, `n > 1`, streaming, prompt log-probs) are refused with a 400 that names them rather than
+grammars, `n > 1`, streaming) are refused with a 400 that names them rather than
 ignored, so a client never gets silently different sampling.
 
 SGLang's sampling rules kept here: `temperature < 1e-6` means greedy (temperature 1, top-k 1);
 `top_k` -1 or >= 2**30 means no limit, 0 is refused; the model's EOS ids stop generation unless
-`ignore_eos`; `max_new_tokens` defaults to 128. `sampling_seed` is always honoured (a real SGLang
-only with `--enable-deterministic-inference`); a request without one gets 42 on a deterministic
-server (SGLang's default seed) and a fresh random seed otherwise.
+`ignore_eos`; `max_new_tokens` defaults to 128, and 0 generates nothing (with `return_logprob` and
+`logprob_start_len` k >= 0: the prompt's log-probs from position k, Miles' prefill re-scoring).
+`sampling_seed` is always honoured (a real SGLang only with `--enable-deterministic-inference`); a
+request without one gets 42 on a deterministic server (SGLang's default seed) and a fresh random seed
+otherwise.
 """
 
 from __future__ import annotations
@@ -74,8 +76,7 @@ _NEUTRAL = {
 }  # fmt: skip
 """Known sampling keys this engine cannot honour, and the values that mean "off" (accepted)."""
 
-_UNSUPPORTED_TOP = {"stream": (None, False), "logprob_start_len": (None, -1),
-                    "token_ids_logprob": (None,), "return_hidden_states": (None, False),
+_UNSUPPORTED_TOP = {"stream": (None, False), "token_ids_logprob": (None,), "return_hidden_states": (None, False),
                     "input_embeds": (None,), "image_data": (None,), "video_data": (None,),
                     "audio_data": (None,), "lora_path": (None,), "return_routed_experts": (None, False),
                     "return_indexer_topk": (None, False), "return_entropy": (None, False),
@@ -112,6 +113,10 @@ class GenerateItem:
         seed: the sample's sampling seed (int64 range).
         return_logprob / return_sampling_mask: what the response carries (`params.top_logprobs_num`
             > 0 adds `output_top_logprobs`).
+        logprob_start_len: with `return_logprob`, the first prompt position of `input_token_logprobs`
+            (-1: none, SGLang's default).
+        prefill_only: `max_new_tokens` 0 (Miles' prefill re-scoring): nothing is generated; `params`
+            then holds 1 and is not used to decode.
         skip_special_tokens: whether `text` drops special tokens (SGLang default True).
         stop: stop strings (`serve/stops.py` cuts the answer after the first one).
         no_stop_trim: the text keeps the matched stop string.
@@ -123,6 +128,8 @@ class GenerateItem:
     seed: int
     return_logprob: bool = False
     return_sampling_mask: bool = False
+    logprob_start_len: int = -1
+    prefill_only: bool = False
     skip_special_tokens: bool = True
     stop: tuple[str, ...] = ()
     no_stop_trim: bool = False
@@ -137,6 +144,7 @@ class ParsedSampling:
     skip_special_tokens: bool
     stop: tuple[str, ...]
     no_stop_trim: bool
+    prefill_only: bool = False
 
 
 def is_one_of(value: object, allowed: tuple) -> bool:
@@ -203,8 +211,8 @@ def parse_sampling(
         raise RequestError(f"top_p must be in (0, 1], got {top_p}.")
     if top_k == 0 or top_k < -1:
         raise RequestError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
-    if max_new < 1:
-        raise RequestError(f"grpolab serve needs max_new_tokens >= 1, got {max_new}.")
+    if max_new < 0:
+        raise RequestError(f"max_new_tokens must be >= 0, got {max_new}.")
     if temperature < _GREEDY_EPS:  # SGLang: greedy is temperature 1 over the top-1 set
         temperature, top_k = 1.0, 1
     stops = set(_int_list(sp.get("stop_token_ids") or [], "sampling_params.stop_token_ids"))
@@ -223,7 +231,7 @@ def parse_sampling(
         temperature=temperature,
         top_p=top_p,
         top_k=0 if top_k == -1 or top_k >= TOP_K_ALL else top_k,
-        max_new_tokens=max_new,
+        max_new_tokens=max(max_new, 1),
         stop_token_ids=tuple(sorted(stops)),
         top_logprobs_num=top_logprobs_num,
     )
@@ -233,6 +241,7 @@ def parse_sampling(
         skip_special_tokens=sp.get("skip_special_tokens") is not False,
         stop=stop,
         no_stop_trim=sp.get("no_stop_trim") is True,
+        prefill_only=max_new == 0,
     )
 
 
@@ -333,19 +342,38 @@ def parse_generate(
     logprob = _per_item(body.get("return_logprob"), n, "return_logprob")
     mask = _per_item(body.get("return_sampling_mask"), n, "return_sampling_mask")
     top_n = _per_item(body.get("top_logprobs_num"), n, "top_logprobs_num")
+    starts = _per_item(body.get("logprob_start_len"), n, "logprob_start_len")
     items = []
     for i in range(n):
         k = top_logprobs_count(top_n[i], "top_logprobs_num")
         sampling = parse_sampling(sps[i], eos_ids=eos_ids, deterministic=deterministic, top_logprobs_num=k)
+        start = _logprob_start(starts[i], len(prompts[i]), f"logprob_start_len{f'[{i}]' if batch else ''}")
         items.append(
             GenerateItem(
                 rid=rids[i], prompt_ids=prompts[i], params=sampling.params, seed=sampling.seed,
                 return_logprob=logprob[i] is True or k > 0, return_sampling_mask=mask[i] is True,
+                logprob_start_len=start, prefill_only=sampling.prefill_only,
                 skip_special_tokens=sampling.skip_special_tokens, stop=sampling.stop,
                 no_stop_trim=sampling.no_stop_trim,
             )
         )  # fmt: skip
     return items, batch
+
+
+def _logprob_start(value: object, prompt_len: int, what: str) -> int:
+    """`logprob_start_len` (null: -1, output tokens only) as a prompt position in [-1, prompt_len).
+
+    Raises:
+        RequestError: below -1, or not a position of the prompt (SGLang clamps it; refused here, as the
+            answer would not hold the positions asked for).
+    """
+    if value is None or value == -1:
+        return -1
+    if not 0 <= value < prompt_len:
+        raise RequestError(
+            f"{what} must be -1 (output tokens only) or a prompt position in [0, {prompt_len}), got {value}"
+        )
+    return value
 
 
 def check_fits(item: GenerateItem, *, vocab_size: int, context_len: int) -> None:
@@ -365,7 +393,7 @@ def check_fits(item: GenerateItem, *, vocab_size: int, context_len: int) -> None
             f"The input_ids contain token id {bad[1]} (position {bad[0]}), outside the vocabulary: "
             f"token ids must be in [0, {vocab_size}) (vocab size {vocab_size})."
         )
-    n, max_new = len(item.prompt_ids), item.params.max_new_tokens
+    n, max_new = len(item.prompt_ids), 0 if item.prefill_only else item.params.max_new_tokens
     if context_len and n >= context_len:
         raise RequestError(
             f"The input ({n} tokens) is longer than the model's context length ({context_len} tokens)."

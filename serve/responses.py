@@ -30,10 +30,14 @@ def generate_response(
     vocab_size: int,
     seconds: float,
     matched_stop: str | None = None,
+    prompt_log_probs: torch.Tensor | None = None,
 ) -> dict:
     """One `/generate` answer in SGLang's shape (`GenerateResponse`), meta_info included.
 
     `matched_stop`: the stop string that ended the answer (`serve/stops.py`), if one did.
+    `prompt_log_probs` (float32 [P - k - 1], with `item.logprob_start_len` k >= 0): the prompt's log-probs
+    after position k, written as `input_token_logprobs` triples from position k, the first with a null
+    log-prob (SGLang's shape: notes-sglang-http.md §1.3). A `prefill_only` item finishes "length" 0.
     `output_top_logprobs` (with `params.top_logprobs_num` k > 0): per token, its k most likely
     alternatives `[logprob, token_id, null]`, descending, under the distribution it was sampled from;
     alternatives outside the kept top-p/top-k support (log-prob -inf) are left out.
@@ -57,7 +61,9 @@ def generate_response(
         )
     meta: dict = {
         "id": item.rid,
-        "finish_reason": finish_reason_json(result, item.params, matched_stop),
+        "finish_reason": {"type": "length", "length": 0}
+        if item.prefill_only
+        else finish_reason_json(result, item.params, matched_stop),
         "prompt_tokens": len(item.prompt_ids),
         "completion_tokens": n,
         "cached_tokens": 0,
@@ -69,6 +75,11 @@ def generate_response(
     if item.return_logprob:
         meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(logps, ids)]
         meta["output_token_logprobs_length"] = n
+    if prompt_log_probs is not None:
+        k = item.logprob_start_len
+        meta["input_token_logprobs"] = [[None, item.prompt_ids[k], None]] + [
+            [lp, tok, None] for lp, tok in zip(prompt_log_probs.tolist(), item.prompt_ids[k + 1 :])
+        ]
     if item.params.top_logprobs_num and result.top_log_probs is not None:
         meta["output_top_logprobs"] = top_logprob_rows(result.top_log_probs)
     if item.return_sampling_mask:

@@ -278,6 +278,24 @@ class TorchEngine:
         for res, lp in zip(results, scores):
             res.log_probs = lp
 
+    def prompt_log_probs(self, ids: list[int], start: int, temperature: float) -> torch.Tensor:
+        """Log-probs float32 [len(ids) - start - 1] of `ids[start + 1:]`, each given the ids before it,
+        from one prefill of `ids` alone over the whole vocabulary at `temperature` (SGLang's
+        `input_token_logprobs` from `logprob_start_len` = start, whose first entry has none).
+
+        Raises:
+            RuntimeError: memory released or the engine shut down. ValueError: start outside the ids.
+        """
+        if self.memory_released or self.stopped:
+            raise RuntimeError("TorchEngine.prompt_log_probs: memory is released or the engine stopped")
+        if not 0 <= start < len(ids):
+            raise ValueError(f"TorchEngine.prompt_log_probs: start {start} outside the {len(ids)} ids")
+        answer = Answer(list(ids[: start + 1]), list(ids[start + 1 :]), None)
+        with torch.inference_mode():
+            (lp,) = rescored(self.model, [answer], temperature=temperature,
+                             vocab_size=int(self.model.config.vocab_size), device=self.device)  # fmt: skip
+        return lp
+
     def _left_padded(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts left-padded to the longest: ids [B, L] int64 and attention mask [B, L] (1 = prompt)."""
         L, pad = max(len(p) for p in prompts), self.pad_token_id

@@ -16,8 +16,8 @@ from grpolab.core.engine.torch_engine import TorchEngine
 FAST = ["check", "parity", "--num-prompts", "4", "--batch-size", "4", "--rollout-max-response-len", "12"]
 
 
-def ladder(capsys: pytest.CaptureFixture, *extra: str) -> tuple[int, dict]:
-    code = main([*FAST, *extra, "--json"])
+def ladder(capsys: pytest.CaptureFixture, *extra: str, world: bool = False) -> tuple[int, dict]:
+    code = main([*FAST, *extra, "--json", *([] if world else ["--no-world-size"])])
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -26,11 +26,38 @@ def passed(report: dict) -> dict[str, bool]:
 
 
 def test_the_clean_ladder_passes_with_top_p_top_k(capsys: pytest.CaptureFixture) -> None:
-    code, report = ladder(capsys, "--rollout-top-p", "0.9", "--rollout-top-k", "20")
+    code, report = ladder(capsys, "--rollout-top-p", "0.9", "--rollout-top-k", "20", world=True)
     assert code == 0 and report["failed"] is None
-    exact = next(r for r in report["rungs"] if r["bar"] == "bitwise")
-    assert exact["equal"] == exact["total"] > 0 and exact["max_abs"] == 0.0
+    exact = [r for r in report["rungs"] if r["bar"] == "bitwise"]
+    assert [r["name"] for r in exact] == ["trainer vs engine, each answer alone (--true-on-policy-mode)",
+                                          "trainer world size 1 vs 2 (gloo)"]  # fmt: skip
+    assert all(r["equal"] == r["total"] > 0 and r["max_abs"] == 0.0 for r in exact)
     assert len(report["greedy"]) == 4
+
+
+def test_baseline_names_the_rungs_that_moved_and_what_changed(capsys, tmp_path: Path) -> None:
+    """`--baseline` against an earlier `--json` report: a rung whose numbers moved is named with both
+    figures, then the environment key (MKL's reproducibility mode) and the flag that differ."""
+    code, report = ladder(capsys)
+    assert code == 0 and report["environment"]["torch"] == torch.__version__
+    assert report["settings"]["num_prompts"] == 4
+    report["environment"]["deterministic"]["MKL_CBWR"] = "COMPATIBLE"
+    report["settings"]["rollout_top_p"] = 0.5
+    moved = next(r for r in report["rungs"] if r["name"] == "trainer vs engine")
+    moved["max_abs"] += 1.0
+    baseline = tmp_path / "before.json"
+    baseline.write_text(json.dumps(report))
+    code, again = ladder(capsys, "--baseline", str(baseline))
+    lines = again["moved"]
+    assert code == 0 and lines[0] == f"parity moved since --baseline {baseline}:"
+    assert [line for line in lines if line.startswith("  trainer vs engine:")]
+    assert not [line for line in lines if line.startswith("  trainer micro-batch")]  # unmoved rungs stay out
+    assert "  env deterministic.MKL_CBWR: 'COMPATIBLE' -> None" in lines
+    assert "  flags rollout_top_p: 0.5 -> 1.0" in lines
+    baseline.write_text(json.dumps(again | {"moved": []}))
+    assert ladder(capsys, "--baseline", str(baseline))[1]["moved"] == [
+        f"parity: every rung as in --baseline {baseline}"
+    ]
 
 
 def test_a_batch_dependent_op_fails_the_batch_rung_first(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,8 +122,16 @@ def test_a_reordered_reduction_in_one_engine_layer_fails_only_the_bitwise_rung(c
         (["--rollout-dtype", "float64x"], "--rollout-dtype"),
         (["--hf-checkpoint", "/nonexistent/model"], "--hf-checkpoint /nonexistent/model"),
         (["--prompt-data", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+        (["--baseline", "/nonexistent.json"], "--baseline /nonexistent.json: no such file"),
+        (["--baseline", "NOTJSON"], "not JSON"),
+        (["--baseline", "LIST"], "expected a `grpolab check parity --json` report"),
+        (["--server", "127.0.0.1:30000"], "expected http://HOST:PORT"),
     ],
 )
 def test_bad_input_exits_2(capsys, flags: list[str], message: str, tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    swap = {"NOTJSON": str(tmp_path / "bad.json"), "LIST": str(tmp_path / "list.json")}
+    flags = [swap.get(f, f) for f in flags]
     assert main(["check", "parity", *flags]) == 2
     assert message in capsys.readouterr().err

@@ -439,3 +439,31 @@ def test_every_known_top_level_key_is_sglangs(server, contract):
     body["sampling_params"] = {"max_new_tokens": 2}
     ans = server.call("/generate", body)
     assert ans.status == 200 and len(ans.body["output_ids"]) >= 1, ans.text
+
+
+def test_prefill_rescoring_gives_input_token_logprobs(server, contract, engine):
+    """Miles' prefill re-scoring (`prefill_logprobs.py`): the prompt + answer sent back with
+    `max_new_tokens` 0, `temperature` 0 and `logprob_start_len` = prompt length - 1 gives
+    `input_token_logprobs` whose first entry is null and whose tail scores the answer: the engine's
+    prefill of it alone, bitwise, and within 1e-5 of the decode's own log-probs."""
+    prompt = PROMPTS[0]
+    sampled = generate(server, contract, {"input_ids": prompt, "return_logprob": True,
+                       "sampling_params": {"max_new_tokens": 6, "sampling_seed": 3}})  # fmt: skip
+    answer = sampled["output_ids"]
+    body = {"input_ids": prompt + answer, "return_logprob": True, "logprob_start_len": len(prompt) - 1,
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0}}  # fmt: skip
+    out = generate(server, contract, body)
+    meta = out["meta_info"]
+    assert out["output_ids"] == [] and meta["finish_reason"] == {"type": "length", "length": 0}
+    triples = meta["input_token_logprobs"]
+    assert [t[1] for t in triples] == [prompt[-1], *answer] and triples[0][0] is None
+    tail = torch.tensor([t[0] for t in triples[1:]], dtype=torch.float32)
+    assert torch.equal(tail, engine.prompt_log_probs(prompt + answer, len(prompt) - 1, 1.0))
+    decode = torch.tensor([t[0] for t in sampled["meta_info"]["output_token_logprobs"]])
+    assert (tail - decode).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("start", [3, 7, -2])
+def test_a_logprob_start_len_outside_the_prompt_is_a_400(server, start):
+    ans = server.call("/generate", {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": start})
+    assert ans.status == 400 and "logprob_start_len must be -1" in ans.text and "[0, 3)" in ans.text
