@@ -26,7 +26,8 @@ def add_parity_parser(kinds: argparse._SubParsersAction) -> None:
         help="where trainer and engine stop agreeing: the parity ladder, rung by rung",
         description=(
             "Run the same prompts through engine decode vs prefill, alone vs batched, trainer micro-batch "
-            "1 vs N and packed vs padded, trainer vs engine, and transformers' forward and greedy generate; "
+            "1 vs N and packed vs padded, trainer vs engine, world size 1 vs 2 (gloo), and transformers' forward "
+            "and greedy generate, on the in-process engine or a running server (--server); "
             "exit 0 when every rung meets its bar, 1 naming the first that does not, 2 bad input."
         ),
     )

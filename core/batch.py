@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -52,6 +52,11 @@ class Sample:
     advantage: float = 0.0
     weight_version: int = 0
     metadata: dict = field(default_factory=dict)
+
+    def get_reward_value(self, args: Any = None) -> float:
+        """The scalar reward (Miles' `Sample.get_reward_value(args)`, so Miles' group filters run on these
+        samples; `--reward-key` was applied when the reward was scored)."""
+        return self.reward
 
     @property
     def response_length(self) -> int:

@@ -265,16 +265,25 @@ def check_rows(
 def rollout_prompt_indices(
     *, num_rows: int, rollout_id: int, rollout_batch_size: int, seed: int, shuffle: bool
 ) -> list[int]:
-    """Row indices of the prompts that rollout `rollout_id` uses.
+    """Row indices of the prompts that rollout `rollout_id` uses: the prompt stream's positions
+    rollout_id·B .. rollout_id·B + B − 1 (`prompt_stream_indices`)."""
+    return prompt_stream_indices(
+        num_rows=num_rows, start=rollout_id * rollout_batch_size, count=rollout_batch_size, seed=seed,
+        shuffle=shuffle,
+    )  # fmt: skip
 
-    Global position g = rollout_id·B + j (j < B) maps to epoch g // num_rows and offset g % num_rows
-    in that epoch's order: a permutation from numpy's PCG64 seeded with (seed, epoch) when shuffling,
-    the file order otherwise.
+
+def prompt_stream_indices(*, num_rows: int, start: int, count: int, seed: int, shuffle: bool) -> list[int]:
+    """Row indices at positions start .. start + count − 1 of the run's prompt stream.
+
+    Global position g maps to epoch g // num_rows and offset g % num_rows in that epoch's order: a
+    permutation from numpy's PCG64 seeded with (seed, epoch) when shuffling, the file order otherwise.
+    A run without dynamic sampling reads B positions per rollout; one with it reads as many as its
+    rounds draw (Miles' data source offset, `TrainerState.data_position`).
     """
-    start = rollout_id * rollout_batch_size
     indices = []
     cached_epoch, order = -1, None
-    for g in range(start, start + rollout_batch_size):
+    for g in range(start, start + count):
         epoch, offset = divmod(g, num_rows)
         if epoch != cached_epoch:
             order = (

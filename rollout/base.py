@@ -14,6 +14,10 @@ samples come from this run's engine, so the checks on freshly generated samples 
 check, checkers/weight_version.py) run on them. GRPO advantages come after, from the rewards, the same
 way for every path (`scoring.assign_advantages`).
 
+A path may also define `extra_metrics(rollout_id) -> dict[str, float]` (keys added to the rollout's
+`rollout N:` line) and a `data_position` attribute (the prompt stream's next position, saved in
+checkpoints and restored on resume): the dynamic sampling path does (dynamic_path.py).
+
 The paths are registered by name in `paths.py` (`ROLLOUT_PATHS`); the first whose `chosen(config,
 world_size)` holds runs. A new path is one module with a class of this shape plus one registry line.
 """

@@ -13,6 +13,7 @@ from grpolab.core.config import Config
 from grpolab.core.registry import Registry
 from grpolab.rollout.base import RolloutInputs, RolloutPath
 from grpolab.rollout.central import CentralPath
+from grpolab.rollout.dynamic_path import DynamicSamplingPath
 from grpolab.rollout.engine_path import EnginePath
 from grpolab.rollout.inject_path import InjectPath
 from grpolab.rollout.replay_path import ReplayPath
@@ -21,6 +22,7 @@ ROLLOUT_PATHS: Registry[type] = Registry("rollout path")
 """The rollout paths, in the order `chosen_path` asks them."""
 ROLLOUT_PATHS.register("replay")(ReplayPath)  # --load-debug-rollout-data
 ROLLOUT_PATHS.register("inject")(InjectPath)  # --ci-inject-rollout-data-path, around a live path
+ROLLOUT_PATHS.register("dynamic")(DynamicSamplingPath)  # --dynamic-sampling-filter-path (one rank)
 ROLLOUT_PATHS.register("central")(CentralPath)  # rank 0 generates for every rank (a multi-rank fleet)
 ROLLOUT_PATHS.register("engine")(EnginePath)  # each rank generates its share (the default)
 

@@ -141,6 +141,8 @@ class GRPORun:
             self.state = RunState(
                 next_rollout_id=restored.next_rollout_id, weight_version=version, resumed=True
             )
+            if hasattr(self.rollout_path, "data_position"):  # dynamic sampling: the prompt stream's position
+                self.rollout_path.data_position = restored.data_position
 
     def _check_recordings(self) -> None:
         """Before the first rollout: recordings to read exist; recordings to write replace no other run's."""
@@ -231,7 +233,12 @@ class GRPORun:
         with self.timer("reward"):
             assign_advantages(self.cfg, samples)
         everyone = self._record(rollout_id, samples)  # the whole rollout, for metrics, checks and recordings
-        line, steps = self.train_phase.run(rollout_id, samples, everyone)  # log-probs, rollout line, train
+        extra = (
+            self.rollout_path.extra_metrics(rollout_id) if hasattr(self.rollout_path, "extra_metrics") else {}
+        )
+        line, steps = self.train_phase.run(
+            rollout_id, samples, everyone, extra
+        )  # log-probs, rollout line, train
         self.profiling.after_train(rollout_id)  # --record-memory-history: the snapshot after rollout N-1
         self.state.next_rollout_id = rollout_id + 1
         self._save(rollout_id)
@@ -274,7 +281,8 @@ class GRPORun:
         nxt = self.state.next_rollout_id
         state = checkpoint.TrainerState(
             next_rollout_id=nxt,
-            data_position=nxt * self.cfg.rollout.rollout_batch_size,
+            data_position=getattr(self.rollout_path, "data_position", None)
+            or nxt * self.cfg.rollout.rollout_batch_size,
             weight_version=self.state.weight_version + 1,
             model_fingerprint=self.fingerprint,
             data_identity=self.data.to_dict(),

@@ -84,6 +84,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     check_chat_template(config)
     check_prompt_data(config)
     check_reward(config)
+    check_dynamic_sampling(config, world_size)
     load_tools(config.agent)  # --generate-execute-tool-function-path imports, its specs are tool specs
     load_episode_function(config.agent)  # --custom-generate-function-path / --custom-agent-function-path
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
@@ -261,6 +262,24 @@ def check_prompt_lengths(config: Config, flag: str, path: str, rows: list[dict],
             f"tokens before any chat template, and {tokens} + {response} exceeds {model_limit}; use at most "
             f"{limit - tokens}"
         )
+
+
+def check_dynamic_sampling(config: Config, world_size: int) -> None:
+    """`--dynamic-sampling-filter-path` imports a plain function, and the run has one rank (its ranks
+    would otherwise have to agree on the groups they keep: rollout/dynamic_path.py).
+
+    Raises:
+        ValueError: naming the flag (from `rollout.filters.load_filter`), or more than one rank.
+    """
+    from grpolab.rollout.filters import FLAG, load_filter
+
+    path = config.dynamic_sampling.dynamic_sampling_filter_path
+    if path is None:
+        return
+    if world_size > 1:
+        raise ValueError(f"{FLAG} runs on one rank: {world_size} ranks would have to agree on the groups they "
+                         "keep (drop --nproc-per-node)")  # fmt: skip
+    load_filter(path)
 
 
 def check_reward(config: Config) -> None:

@@ -112,6 +112,7 @@ class TrainPhase:
         self.reference = reference_needed(cfg)
         self.reason = "no trainer" if actor is None else separate_forward_reason(cfg, actor.model)
         self.from_training_forward = False  # set once the first trained rollout verified it
+        self.extra: dict[str, float] = {}  # the rollout path's keys for the current rollout line
         # the shared-prefix forward's counts are said once, after the first trained rollout
         self.packing_reported = False
         if actor is not None:
@@ -124,13 +125,22 @@ class TrainPhase:
             log.info(f"reference log-probs: {ref}; old log-probs: {old}")
 
     def run(
-        self, rollout_id: int, samples: list[Sample], everyone: list[Sample]
+        self,
+        rollout_id: int,
+        samples: list[Sample],
+        everyone: list[Sample],
+        extra: dict[str, float] | None = None,
     ) -> tuple[dict[str, float], list[dict[str, float]]]:
-        """Log-probs, the `rollout N:` line over `everyone` (checked), then the optimizer steps on
-        this rank's `samples`, one `step N:` line each; returns the rollout line and the steps."""
+        """Log-probs, the `rollout N:` line over `everyone` (checked; `extra` keys from the rollout path
+        added: the dynamic sampling ledger), then the optimizer steps on this rank's `samples`, one
+        `step N:` line each; returns the rollout line and the steps."""
+        self.extra = extra or {}
         if self.actor is None:
-            line = rollout_metrics(
-                everyone, log_probs=None, ref_log_probs=None, entropy=None, rollout_id=rollout_id
+            line = (
+                rollout_metrics(
+                    everyone, log_probs=None, ref_log_probs=None, entropy=None, rollout_id=rollout_id
+                )
+                | self.extra
             )
             self.reporter.emit("rollout", rollout_id, line, samples=everyone)
             return line, []
@@ -171,8 +181,11 @@ class TrainPhase:
         all_old = self.gather(old.log_probs)
         all_ref = None if ref is None else self.gather(ref.log_probs)
         all_entropy = self.gather(old.entropy or [])
-        line = rollout_metrics(
-            everyone, log_probs=all_old, ref_log_probs=all_ref, entropy=all_entropy, rollout_id=rollout_id
+        line = (
+            rollout_metrics(
+                everyone, log_probs=all_old, ref_log_probs=all_ref, entropy=all_entropy, rollout_id=rollout_id
+            )
+            | self.extra
         )
         self.reporter.emit("rollout", rollout_id, line, samples=everyone)
         self.harness.after_rollout_line(rollout_id, line, everyone, all_old, all_ref)

@@ -23,6 +23,7 @@ navigation = st.navigation(
         st.Page(PAGES / "health.py", title="Health"),
         st.Page(PAGES / "timeline.py", title="Timeline"),
         st.Page(PAGES / "rollouts.py", title="Rollouts"),
+        st.Page(PAGES / "sampling.py", title="Sampling"),
         st.Page(PAGES / "diagnose.py", title="Diagnose"),
         st.Page(PAGES / "bisect.py", title="Bisect"),
     ]

@@ -9,7 +9,8 @@ estimators in core/algorithms.py, dtypes in core/dtypes.py). No check depends on
 hardware, so `Config.from_dict` reads any run's run.json anywhere; `grpolab train` checks the device
 when it starts (train/launch.py). `Config.to_dict()` is what run.json stores as the resolved config.
 
-Sections: `generation` (model, data, rollout, reward, eval), `agent` (multi-turn tool rollouts), `training` (algorithm, optimizer,
+Sections: `generation` (model, data, rollout, reward, eval), `agent` (multi-turn tool rollouts),
+`dynamic_sampling` (the group filter and over-sampling), `training` (algorithm, optimizer,
 colocate, checkpoint), `debugging` (debug, ci), `monitoring` (monitoring, profiling) and `RunConfig` below. Importing this package imports
 no torch; constructing a config imports the registries (and so torch).
 """
@@ -23,6 +24,7 @@ from typing import Any
 
 from grpolab.core.config.agent import AgentConfig
 from grpolab.core.config.debugging import CIConfig, DebugConfig
+from grpolab.core.config.dynamic_sampling import DynamicSamplingConfig
 from grpolab.core.config.generation import (
     DEFAULT_CHECKPOINT,
     DEFAULT_PROMPT_DATA,
@@ -50,6 +52,7 @@ __all__ = [
     "Config",
     "DataConfig",
     "DebugConfig",
+    "DynamicSamplingConfig",
     "EvalConfig",
     "ModelConfig",
     "MonitoringConfig",
@@ -114,6 +117,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     colocate: ColocateConfig = field(default_factory=ColocateConfig)
@@ -155,6 +159,17 @@ class Config:
             not self.agent.multi_turn or self.data.apply_chat_template,
             "--generate-execute-tool-function-path needs --apply-chat-template: the tool loop renders each "
             "turn's messages with the checkpoint's chat template",
+        )
+        over = self.dynamic_sampling.over_sampling_batch_size
+        require(
+            over is None or over >= self.rollout.rollout_batch_size,
+            f"--over-sampling-batch-size {over} must be >= --rollout-batch-size "
+            f"{self.rollout.rollout_batch_size} (Miles: each round submits at least one rollout's prompts)",
+        )
+        require(
+            not self.dynamic_sampling.active or not self.debug.debug_train_only,
+            "--dynamic-sampling-filter-path filters generated groups, but --debug-train-only (or "
+            "--load-debug-rollout-data) trains on recordings, already filtered when they were recorded: drop one",
         )
         require(
             self.ci.ci_metric_checker_key is None or bool(self.eval.eval_prompt_data),

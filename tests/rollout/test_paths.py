@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpolab.core.config import Config, DebugConfig, RolloutConfig
+from grpolab.core.config import Config, DebugConfig, DynamicSamplingConfig, RolloutConfig
 from grpolab.core.data import PromptDataset
 from grpolab.core.dist import DistContext
 from grpolab.core.engine.base import GenerationResult, SamplingParams
@@ -77,8 +77,8 @@ def _inputs(tmp_path: Path, config: Config, tiny_model_dir: Path, engine: object
     )
 
 
-def test_the_registry_asks_replay_inject_central_engine_in_that_order(tmp_path: Path) -> None:
-    assert [name for name, _ in ROLLOUT_PATHS.items()] == ["replay", "inject", "central", "engine"]
+def test_the_registry_asks_replay_inject_dynamic_central_engine_in_that_order(tmp_path: Path) -> None:
+    assert [name for name, _ in ROLLOUT_PATHS.items()] == ["replay", "inject", "dynamic", "central", "engine"]
     template = str(tmp_path / "r_{rollout_id}.grz")
     assert chosen_path(_config(tmp_path), 1) == "engine"
     assert chosen_path(_config(tmp_path, load_debug_rollout_data=template), 1) == "replay"
@@ -88,8 +88,10 @@ def test_the_registry_asks_replay_inject_central_engine_in_that_order(tmp_path: 
     fleet = Config(rollout=RolloutConfig(rollout_num_engines=1))
     assert chosen_path(fleet, 1) == "engine"  # one rank: the HTTP engine is this rank's engine
     assert chosen_path(fleet, 2) == "central"  # several: rank 0 generates for every rank
+    dynamic = Config(dynamic_sampling=DynamicSamplingConfig(dynamic_sampling_filter_path="m.f"))
+    assert chosen_path(dynamic, 1) == "dynamic"
     with pytest.raises(
-        ValueError, match="unknown rollout path 'custom'; valid: central, engine, inject, replay"
+        ValueError, match="unknown rollout path 'custom'; valid: central, dynamic, engine, inject, replay"
     ):
         ROLLOUT_PATHS.get("custom")
 

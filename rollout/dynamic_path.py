@@ -1,0 +1,132 @@
+"""The `dynamic` rollout path: dynamic sampling with over-sampling (`--dynamic-sampling-filter-path`).
+
+Miles' loop (`sglang_rollout.generate_rollout_async`, the Miles-101 manual section 4.1) for an engine
+that decodes a round as one call. Each round draws `--over-sampling-batch-size` prompts from the run's
+prompt stream (core/data.prompt_stream_indices; the position is `TrainerState.data_position`, restored
+on resume), generates their groups as the engine path does (same seeds: core/seeding.py), scores them
+and asks the filter about each group in prompt order. Kept groups fill the rollout up to
+`--rollout-batch-size`; the rest of the round's kept groups are surplus (counted, not trained). Rounds
+go on until the rollout is full or `--max-refill-rounds` rounds were spent; then the run fails with
+the ledger's summary (`RefillExhausted`), never sampling forever.
+
+The kept groups are renumbered as an ordinary rollout (group g of the rollout, sample index g·n + k),
+so advantages, recordings, replays and checks see a rollout of the usual shape whose rewards, masks and
+log-probs are exactly the kept groups' (the filtered batch never carries the unfiltered columns).
+Rewards are scored inside `rollout` (the filter needs them): `rewards` returns the samples as they are.
+Every rollout's `ledger` event and `rollout/ledger/*` metrics say where the generated tokens went
+(rollout/ledger.py); the rows drawn but never trained are counted over this process's rollouts (a
+resumed run starts counting again). One rank only: a multi-rank run's ranks would have to agree on which groups to
+keep (refused at start, train/preflight.check_dynamic_sampling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from grpolab.core.batch import Sample
+from grpolab.core.config import Config
+from grpolab.core.data import prompt_stream_indices
+from grpolab.rollout.base import RolloutInputs
+from grpolab.rollout.custom_generate import miles_args
+from grpolab.rollout.filters import FLAG, apply_filter, load_filter
+from grpolab.rollout.ledger import RolloutLedger
+from grpolab.rollout.live import LivePath, generate
+from grpolab.rollout.scoring import score
+
+log = logging.getLogger("grpolab")
+NEVER_LISTED = 100
+"""How many never-trained prompt rows a `ledger` event lists (all are counted)."""
+
+
+class RefillExhausted(RuntimeError):
+    """The filter kept fewer than `--rollout-batch-size` groups in `--max-refill-rounds` rounds."""
+
+
+class DynamicSamplingPath(LivePath):
+    """Rounds of over-sampled groups, filtered until the rollout is full (see the module docstring).
+
+    Raises:
+        ValueError: the filter does not import (`rollout.filters.load_filter`; train/preflight.py checked it,
+            and refused more than one rank).
+    """
+
+    name = "dynamic"
+
+    @staticmethod
+    def chosen(config: Config, world_size: int) -> bool:
+        """When `--dynamic-sampling-filter-path` names a filter."""
+        return config.dynamic_sampling.active
+
+    def __init__(self, inputs: RolloutInputs) -> None:
+        super().__init__(inputs)
+        cfg = self.config.dynamic_sampling
+        assert cfg.dynamic_sampling_filter_path is not None  # chosen() holds
+        self.filter = load_filter(cfg.dynamic_sampling_filter_path)
+        self.args = miles_args(self.config, "127.0.0.1", 0)
+        self.data_position: int | None = None
+        """The prompt stream's next position (None until the first rollout or a resume sets it)."""
+        self.drawn: set[int] = set()
+        self.trained: set[int] = set()
+        self.ledger: RolloutLedger | None = None
+
+    def rollout(self, rollout_id: int) -> list[Sample]:
+        """The rollout's kept groups, renumbered (`perf/rollout_time` generating, `perf/reward_time` scoring).
+
+        Raises:
+            RefillExhausted: too few groups kept in `--max-refill-rounds` rounds (the ledger is written first).
+            FilterError: the filter raised or returned something else (named, with its file:line).
+        """
+        cfg, inputs = self.config, self.inputs
+        target, n = cfg.rollout.rollout_batch_size, cfg.rollout.n_samples_per_prompt
+        per_round = cfg.dynamic_sampling.over_sampling_batch_size or target
+        if self.data_position is None:
+            self.data_position = (
+                rollout_id * target
+            )  # a fresh run (rollout 0) or one resumed without a position
+        ledger = self.ledger = RolloutLedger(rollout_id)
+        kept: list[list[Sample]] = []
+        while len(kept) < target and ledger.rounds < cfg.dynamic_sampling.max_refill_rounds:
+            indices = prompt_stream_indices(num_rows=len(inputs.dataset), start=self.data_position, count=per_round,
+                                            seed=cfg.run.seed, shuffle=cfg.data.rollout_shuffle)  # fmt: skip
+            self.data_position += per_round
+            with inputs.timer("rollout"):
+                samples = generate(cfg, inputs.engine, inputs.dataset, inputs.sampling, rollout_id=rollout_id,
+                                   indices=indices, first=ledger.rounds * per_round, tools=inputs.tools,
+                                   custom=inputs.custom)  # fmt: skip
+            with inputs.timer("reward"):
+                score(cfg, samples, inputs.custom_reward)
+            ledger.rounds += 1
+            for group in (samples[g * n : (g + 1) * n] for g in range(len(indices))):
+                self.drawn.add(group[0].prompt_index)
+                verdict = apply_filter(self.filter, self.args, group)
+                if not verdict.keep:
+                    ledger.add(group, "filtered", verdict.reason)
+                elif len(kept) < target:
+                    ledger.add(group, "kept")
+                    kept.append(group)
+                else:
+                    ledger.add(group, "surplus")
+        self.trained.update(group[0].prompt_index for group in kept)
+        self._write_ledger(ledger)
+        if len(kept) < target:
+            raise RefillExhausted(
+                f"{FLAG}: the filter kept {len(kept)} of the {target} groups rollout {rollout_id} needs in "
+                f"--max-refill-rounds {cfg.dynamic_sampling.max_refill_rounds} rounds: {ledger.summary()}"
+            )
+        return [dataclasses.replace(s, index=g * n + k, group_index=g, sample_index=k)
+                for g, group in enumerate(kept) for k, s in enumerate(group)]  # fmt: skip
+
+    def rewards(self, rollout_id: int, samples: list[Sample]) -> list[Sample]:
+        """The samples as `rollout` scored them (the filter needed their rewards)."""
+        return samples
+
+    def extra_metrics(self, rollout_id: int) -> dict[str, float]:
+        """The last rollout's ledger keys for the `rollout N:` line (rollout/ledger.py)."""
+        return {} if self.ledger is None else self.ledger.metrics(len(self.drawn - self.trained))
+
+    def _write_ledger(self, ledger: RolloutLedger) -> None:
+        epoch = (self.data_position or 0) // max(len(self.inputs.dataset), 1)
+        never = sorted(self.drawn - self.trained)
+        self.inputs.run_dir.event("ledger", **ledger.record(never[:NEVER_LISTED], len(never), epoch))
+        log.info(f"ledger of rollout {ledger.rollout_id}: {ledger.summary()}")

@@ -1,0 +1,136 @@
+"""Dynamic sampling with over-sampling (rollout/dynamic_path.py, rollout/filters.py, rollout/ledger.py):
+the trained batch is exactly the kept groups, the ledger accounts for every generated group, a replay
+of a filtered run is bitwise, and a filter that breaks its contract fails the run naming it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from runs import events, metrics, train_short
+
+from grpolab.cli import main
+from grpolab.replay.recording import load_rollout
+
+NONZERO = "grpolab.rollout.filters.check_reward_nonzero_std"
+BASE = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "16"]
+
+
+@pytest.fixture(scope="module")
+def filtered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("dynamic") / "run"
+    return train_short(run_dir, *BASE, "--num-rollout", "2", "--dynamic-sampling-filter-path", NONZERO,
+                       "--over-sampling-batch-size", "6", "--save-debug-rollout-data",
+                       str(run_dir / "{rollout_id}.grz"), "--save", str(run_dir / "ckpt"))  # fmt: skip
+
+
+def test_the_trained_batch_is_exactly_the_kept_groups(filtered: Path) -> None:
+    lines = metrics(filtered, "rollout")
+    for rollout_id, line in enumerate(lines):
+        samples = load_rollout(filtered / f"{rollout_id}.grz").samples
+        assert [s.index for s in samples] == list(range(16)) and [s.group_index for s in samples] == [
+            g for g in range(4) for _ in range(4)
+        ]
+        for g in range(4):
+            rewards = torch.tensor([s.reward for s in samples if s.group_index == g], dtype=torch.float64)
+            assert rewards.std() > 1e-6  # no zero-std group was trained
+        assert line["rollout/raw_reward"] == pytest.approx(sum(s.reward for s in samples) / 16)
+        assert line["rollout/zero_std/all_zero_percentage"] == 0.0
+        assert sum(abs(s.advantage) for s in samples) > 0
+
+
+def test_the_ledger_accounts_for_every_generated_group(filtered: Path) -> None:
+    for line, event in zip(metrics(filtered, "rollout"), events(filtered, "ledger"), strict=True):
+        drops = sum(v for k, v in line.items() if k.startswith("rollout/dynamic_filter/drop_"))
+        assert all(k.startswith("rollout/dynamic_filter/drop_zero_std_") for k in line if "drop_" in k)
+        assert line["rollout/ledger/kept_groups"] == 4 == event["kept"]["groups"]
+        generated = line["rollout/ledger/generated_groups"]
+        assert generated == 6 * line["rollout/ledger/rounds"] == event["generated"]["groups"]
+        assert generated == 4 + drops + line["rollout/ledger/surplus_groups"]
+        tokens = ("kept", "filtered", "surplus")
+        assert line["rollout/ledger/generated_tokens"] == sum(
+            line[f"rollout/ledger/{t}_tokens"] for t in tokens
+        )
+        assert event["kept"]["tokens"] == line["rollout/ledger/kept_tokens"]
+
+
+def test_the_checkpoint_keeps_the_prompt_streams_position(filtered: Path) -> None:
+    """Over-sampled rounds draw more prompts than rollouts x --rollout-batch-size: the position saved is
+    the prompts drawn (Miles' data source offset), so a resumed run draws the next ones."""
+    rounds = sum(line["rollout/ledger/rounds"] for line in metrics(filtered, "rollout"))
+    state = json.loads((filtered / "ckpt" / "iter_0000002" / "trainer_state.json").read_text())
+    assert state["data_position"] == rounds * 6 > 2 * 4
+
+
+def test_a_replay_of_a_filtered_run_is_bitwise(filtered: Path, tmp_path: Path) -> None:
+    replay = train_short(tmp_path / "replay", *BASE, "--num-rollout", "2", "--load-debug-rollout-data",
+                         str(filtered / "{rollout_id}.grz"), "--debug-train-only")  # fmt: skip
+    keys = ("train/loss", "train/grad_norm", "train/pg_loss")
+    assert [[m[k] for k in keys] for m in metrics(replay, "step")] == [
+        [m[k] for k in keys] for m in metrics(filtered, "step")
+    ]
+
+
+def test_a_filter_that_keeps_too_little_ends_the_run_with_the_ledger(tmp_path: Path) -> None:
+    run_dir = tmp_path / "never"
+    with pytest.raises(
+        RuntimeError, match=r"kept 0 of the 4 groups rollout 0 needs in --max-refill-rounds 2"
+    ):
+        train_short(run_dir, *BASE, "--dynamic-sampling-filter-path", "filter_funcs.keep_nothing",
+                    "--max-refill-rounds", "2")  # fmt: skip
+    (ledger,) = events(run_dir, "ledger")
+    assert (
+        ledger["rounds"] == 2 and ledger["filtered"]["never"]["groups"] == 8 and ledger["kept"]["groups"] == 0
+    )
+    assert ledger["never_trained_count"] == 8
+    assert events(run_dir, "status")[-1]["status"] == "failed"
+
+
+def test_a_bool_filter_and_a_drop_without_a_reason(tmp_path: Path) -> None:
+    for name in ("keep_even_rows", "drop_without_reason"):
+        run_dir = train_short(tmp_path / name, *BASE, "--num-rollout", "1", "--dynamic-sampling-filter-path",
+                              f"filter_funcs.{name}", "--over-sampling-batch-size", "8")  # fmt: skip
+        (line,) = metrics(run_dir, "rollout")
+        drops = {k: v for k, v in line.items() if "drop_" in k}
+        assert drops == {"rollout/dynamic_filter/drop_unspecified": line["rollout/ledger/filtered_groups"]}
+        assert line["rollout/ledger/kept_groups"] == 4
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("raises", "filter_funcs.raises on the group of prompt row"),
+        ("wrong_shape", "returned dict {'keep': True}: expected a bool or a DynamicFilterOutput"),
+    ],
+)
+def test_a_broken_filter_fails_the_run_naming_it(tmp_path: Path, name: str, message: str) -> None:
+    with pytest.raises(RuntimeError) as error:
+        train_short(tmp_path / "run", *BASE, "--dynamic-sampling-filter-path", f"filter_funcs.{name}")
+    assert message in str(error.value)
+    if name == "raises":
+        assert "filter_funcs.py:" in str(error.value) and "TypeError" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--dynamic-sampling-filter-path", "filter_funcs.nothing"], "module 'filter_funcs' has no attribute"),
+        (["--dynamic-sampling-filter-path", "no_such_module.fn"], "cannot import module 'no_such_module'"),
+        (["--dynamic-sampling-filter-path", "filter_funcs.is_async"], "must be a plain function"),
+        (["--dynamic-sampling-filter-path", NONZERO, "--over-sampling-batch-size", "3"],
+         "--over-sampling-batch-size 3 must be >= --rollout-batch-size 4"),
+        (["--over-sampling-batch-size", "8"], "--over-sampling-batch-size needs --dynamic-sampling-filter-path"),
+        (["--dynamic-sampling-filter-path", NONZERO, "--max-refill-rounds", "0"], "--max-refill-rounds must be >= 1"),
+        (["--dynamic-sampling-filter-path", NONZERO, "--nproc-per-node", "2"], "runs on one rank: 2 ranks"),
+    ],
+)  # fmt: skip
+def test_dynamic_sampling_bad_input_exits_2(tmp_path: Path, capsys, extra: list[str], message: str) -> None:
+    """Before the run directory (the filter is imported with the other user functions)."""
+    try:
+        code = main(["train", *BASE, *extra, "--run-dir", str(tmp_path / "run")])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2 and not (tmp_path / "run").exists()
+    assert message in capsys.readouterr().err
