@@ -465,5 +465,7 @@ def test_prefill_rescoring_gives_input_token_logprobs(server, contract, engine):
 
 @pytest.mark.parametrize("start", [3, 7, -2])
 def test_a_logprob_start_len_outside_the_prompt_is_a_400(server, start):
-    ans = server.call("/generate", {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": start})
+    ans = server.call(
+        "/generate", {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": start}
+    )
     assert ans.status == 400 and "logprob_start_len must be -1" in ans.text and "[0, 3)" in ans.text
