@@ -202,6 +202,10 @@ def _dispatch(argv: list[str] | None) -> int:
         from grpolab.checkers.gate_command import run_gate_command
 
         return run_gate_command(args)
+    if args.command == "replay" and args.replay_command == "filter":
+        from grpolab.rollout.filter_replay import run_filter_command
+
+        return run_filter_command(args)
     if args.command == "replay":
         from grpolab.replay.cli import run_replay_command
 

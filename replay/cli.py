@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 
 def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `replay {convert,inspect,logprobs}` to an argparse subparsers object; returns the `replay` parser."""
+    """Add `replay {convert,inspect,logprobs,filter}` to an argparse subparsers object; returns the `replay`
+    parser (`filter` runs in rollout/filter_replay.py, dispatched by grpolab.cli)."""
     replay = subparsers.add_parser(
         "replay",
         help="rollout recordings: convert Miles dumps, inspect .grz files, recompute the trainer log-prob gap",
@@ -49,6 +50,18 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     lp.add_argument("--rollout", type=rollout_id_arg, required=True, metavar="N", help="recorded rollout id")
     lp.add_argument("--force", action="store_true", help="replace an existing result file")
+    flt = sub.add_parser(
+        "filter",
+        help="run another --dynamic-sampling-filter-path over recorded rollouts: the groups that would flip",
+        description="Run FILTER over every group of the recordings TEMPLATE names (a dynamic-sampling run's "
+        "candidates_N files, else its rollout files) and list the groups whose keep/drop decision flips; "
+        "exit 0 none, 1 some, 2 bad input (rollout/filter_replay.py).",
+    )
+    flt.add_argument("template", metavar="TEMPLATE", help="the run's --save-debug-rollout-data template")
+    flt.add_argument(
+        "--filter", required=True, metavar="pkg.mod.fn", help="the filter to try (Miles' contract)"
+    )
+    flt.add_argument("--json", action="store_true", help="print one JSON object instead of the list")
     return replay
 
 

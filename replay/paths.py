@@ -22,7 +22,7 @@ _WITHOUT_FIELD = {
     INJECT_FLAG: "without it every rollout would be compared with, and trained on, the same recorded file",
 }
 """Why a template needs `{rollout_id}`, by the flag that reads or writes it."""
-_ROLLOUT_ID = re.compile(r"(eval_)?\d+")
+_ROLLOUT_ID = re.compile(r"(eval_|candidates_)?\d+")
 
 
 def eval_rollout_id(rollout_id: int) -> str:
@@ -31,10 +31,11 @@ def eval_rollout_id(rollout_id: int) -> str:
 
 
 def check_rollout_id(rollout_id: Any) -> None:
-    """Raise ValueError unless `rollout_id` is an int >= 0 (not a bool) or a string "eval_N"."""
+    """Raise ValueError unless `rollout_id` is an int >= 0 (not a bool) or a string "eval_N" or
+    "candidates_N" (a dynamic-sampling rollout's every scored group, rollout/dynamic_path.py)."""
     ok_int = isinstance(rollout_id, int) and not isinstance(rollout_id, bool) and rollout_id >= 0
     if not (ok_int or (isinstance(rollout_id, str) and _ROLLOUT_ID.fullmatch(rollout_id))):
-        raise ValueError(f"rollout id must be an int >= 0 or 'eval_N', got {rollout_id!r}")
+        raise ValueError(f"rollout id must be an int >= 0, 'eval_N' or 'candidates_N', got {rollout_id!r}")
 
 
 def format_path(template: str, rollout_id: int | str, *, flag: str = SAVE_FLAG) -> str:
@@ -43,7 +44,8 @@ def format_path(template: str, rollout_id: int | str, *, flag: str = SAVE_FLAG) 
     Args:
         template: a path containing `{rollout_id}` exactly as a field (no other fields; `{{`/`}}`
             are literal braces).
-        rollout_id: int >= 0 for training rollouts, "eval_N" for eval rollouts.
+        rollout_id: int >= 0 for training rollouts, "eval_N" for eval rollouts, "candidates_N" for a
+            dynamic-sampling rollout's candidates.
         flag: the flag the template came from; it picks the reason given when `{rollout_id}` is
             missing (saving overwrites one file; loading would train every rollout on one file).
 

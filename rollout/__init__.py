@@ -15,7 +15,7 @@ from typing import Any
 _DOOR = {
     "RolloutInputs": "base", "RolloutPath": "base", "ROLLOUT_PATHS": "paths", "build_rollout_path": "paths",
     "chosen_path": "paths", "check_recordings": "plan", "planned_eval_ids": "plan", "planned_rollout_ids": "plan",
-    "assign_advantages": "scoring", "load_reward": "scoring",
+    "assign_advantages": "scoring", "load_reward": "scoring", "candidates_rollout_id": "dynamic_path",
 }  # fmt: skip
 """Each public name and its module: imported on first use (PEP 562), so the command parsers that live in
 this package (`agent_command.py`) load without torch."""
@@ -33,6 +33,7 @@ __all__ = [
     "RolloutPath",
     "assign_advantages",
     "build_rollout_path",
+    "candidates_rollout_id",
     "check_recordings",
     "chosen_path",
     "load_reward",

@@ -13,6 +13,9 @@ The kept groups are renumbered as an ordinary rollout (group g of the rollout, s
 so advantages, recordings, replays and checks see a rollout of the usual shape whose rewards, masks and
 log-probs are exactly the kept groups' (the filtered batch never carries the unfiltered columns).
 Rewards are scored inside `rollout` (the filter needs them): `rewards` returns the samples as they are.
+With `--save-debug-rollout-data` every scored group of the rollout, kept or not, is recorded too, as
+rollout id `candidates_N` (each sample's fate in its metadata), so `grpolab replay filter` can run
+another filter over them offline (rollout/filter_replay.py).
 Every rollout's `ledger` event and `rollout/ledger/*` metrics say where the generated tokens went
 (rollout/ledger.py); the rows drawn but never trained are counted over this process's rollouts (a
 resumed run starts counting again). One rank only: a multi-rank run's ranks would have to agree on which groups to
@@ -37,6 +40,16 @@ from grpolab.rollout.scoring import score
 log = logging.getLogger("grpolab")
 NEVER_LISTED = 100
 """How many never-trained prompt rows a `ledger` event lists (all are counted)."""
+
+
+FATE_KEY = "dynamic_filter"
+"""Sample metadata key of a group's fate: {"fate": "kept" | "filtered" | "surplus", "reason", "round"}."""
+
+
+def candidates_rollout_id(rollout_id: int) -> str:
+    """The recording id of a rollout's candidates (`--save-debug-rollout-data` with `{rollout_id}` =
+    "candidates_N"): every group generated for rollout N, kept or not, for `grpolab replay filter`."""
+    return f"candidates_{rollout_id}"
 
 
 class RefillExhausted(RuntimeError):
@@ -69,6 +82,9 @@ class DynamicSamplingPath(LivePath):
         self.drawn: set[int] = set()
         self.trained: set[int] = set()
         self.ledger: RolloutLedger | None = None
+        self.candidates: list[Sample] = []
+        """The last rollout's every scored group in generation order (candidate numbering), each sample's
+        fate in `metadata["dynamic_filter"]`: recorded beside the rollout (`candidates_rollout_id`)."""
 
     def rollout(self, rollout_id: int) -> list[Sample]:
         """The rollout's kept groups, renumbered (`perf/rollout_time` generating, `perf/reward_time` scoring).
@@ -86,6 +102,7 @@ class DynamicSamplingPath(LivePath):
             )  # a fresh run (rollout 0) or one resumed without a position
         ledger = self.ledger = RolloutLedger(rollout_id)
         kept: list[list[Sample]] = []
+        self.candidates = []
         while len(kept) < target and ledger.rounds < cfg.dynamic_sampling.max_refill_rounds:
             indices = prompt_stream_indices(num_rows=len(inputs.dataset), start=self.data_position, count=per_round,
                                             seed=cfg.run.seed, shuffle=cfg.data.rollout_shuffle)  # fmt: skip
@@ -100,13 +117,17 @@ class DynamicSamplingPath(LivePath):
             for group in (samples[g * n : (g + 1) * n] for g in range(len(indices))):
                 self.drawn.add(group[0].prompt_index)
                 verdict = apply_filter(self.filter, self.args, group)
-                if not verdict.keep:
-                    ledger.add(group, "filtered", verdict.reason)
-                elif len(kept) < target:
-                    ledger.add(group, "kept")
+                fate = "filtered" if not verdict.keep else "kept" if len(kept) < target else "surplus"
+                ledger.add(group, fate, verdict.reason)
+                for s in group:
+                    s.metadata[FATE_KEY] = {
+                        "fate": fate,
+                        "reason": verdict.reason,
+                        "round": ledger.rounds - 1,
+                    }
+                if fate == "kept":
                     kept.append(group)
-                else:
-                    ledger.add(group, "surplus")
+                self.candidates += group
         self.trained.update(group[0].prompt_index for group in kept)
         self._write_ledger(ledger)
         if len(kept) < target:

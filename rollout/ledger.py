@@ -54,6 +54,8 @@ class RolloutLedger:
         self.generated.add(group)
         self.truncated_generated += sum(s.truncated for s in group)
         self.generated_lengths += [s.response_length for s in group]
+        if fate not in ("kept", "filtered", "surplus"):
+            raise ValueError(f"unknown fate {fate!r}: expected kept, filtered or surplus")
         if fate == "kept":
             self.kept.add(group)
             self.truncated_kept += sum(s.truncated for s in group)

@@ -57,6 +57,10 @@ def check_recordings(
         return []
     eval_ids = planned_eval_ids(ids, config.eval.eval_interval) if evals else []
     written: list[int | str] = [*ids, *map(eval_rollout_id, eval_ids)]
+    if config.dynamic_sampling.active:  # every scored group, beside each rollout (dynamic_path.py)
+        from grpolab.rollout.dynamic_path import candidates_rollout_id
+
+        written += [candidates_rollout_id(i) for i in ids]
     replaced = recorder.check_free(written, overwrite=debug.overwrite_debug_rollout_data)
     recorder.remove_leftover_temps(written)
     return replaced

@@ -39,7 +39,7 @@ from grpolab.diagnose.gpu import start_run_sampler
 from grpolab.monitor import open_monitor
 from grpolab.monitor.profiler import RunProfiling
 from grpolab.replay.paths import eval_rollout_id
-from grpolab.rollout import assign_advantages, check_recordings, planned_rollout_ids
+from grpolab.rollout import assign_advantages, candidates_rollout_id, check_recordings, planned_rollout_ids
 from grpolab.rollout.central import join_weight_sync, joins_engine_of_rank_zero
 from grpolab.rundir.writer import RunDirectory
 from grpolab.train.preflight import check_inputs
@@ -266,6 +266,12 @@ class GRPORun:
                     everyone, rollout_id=rollout_id, weight_version=self.state.weight_version
                 )
             self.run_dir.event("rollout_recorded", rollout_id=rollout_id, path=str(path), bytes=size)
+            candidates = getattr(self.rollout_path, "candidates", None)  # dynamic sampling's every group
+            if candidates:
+                with self.timer("save_rollout_data"):
+                    path, size = self.recorder.save(candidates, rollout_id=candidates_rollout_id(rollout_id),
+                                                    weight_version=self.state.weight_version)  # fmt: skip
+                self.run_dir.event("candidates_recorded", rollout_id=rollout_id, path=str(path), bytes=size)
         return everyone
 
     def _save(self, rollout_id: int) -> None:

@@ -134,3 +134,50 @@ def test_dynamic_sampling_bad_input_exits_2(tmp_path: Path, capsys, extra: list[
         code = e.code
     assert code == 2 and not (tmp_path / "run").exists()
     assert message in capsys.readouterr().err
+
+
+def _replay_filter(capsys, template: str, name: str) -> tuple[int, dict]:
+    code = main(["replay", "filter", template, "--filter", name, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out else {}
+
+
+def test_replay_filter_lists_the_groups_another_filter_would_flip(filtered: Path, capsys) -> None:
+    template = str(filtered / "{rollout_id}.grz")
+    ledgers = events(filtered, "ledger")
+    generated = sum(e["generated"]["groups"] for e in ledgers)
+    code, same = _replay_filter(capsys, template, NONZERO)
+    assert code == 0 and same["flips"] == [] and same["groups"] == generated and same["notes"] == []
+    code, lenient = _replay_filter(capsys, template, "grpolab.rollout.filters.check_no_aborted")
+    dropped = sum(t["groups"] for e in ledgers for t in e["filtered"].values())
+    assert code == 1 and len(lenient["flips"]) == dropped > 0
+    for flip in lenient["flips"]:
+        assert flip["was"].startswith("drop (zero_std_") and flip["now"] == "keep"
+        assert len(set(flip["rewards"])) == 1  # the zero-std groups the run dropped
+    code, strict = _replay_filter(capsys, template, "filter_funcs.keep_nothing")
+    assert code == 1 and len(strict["flips"]) == generated - dropped
+    assert {f["now"] for f in strict["flips"]} == {"drop (never)"}
+
+
+def test_replay_filter_on_a_run_without_candidates_says_so(tmp_path: Path, capsys) -> None:
+    run_dir = train_short(tmp_path / "plain", *BASE, "--num-rollout", "1", "--save-debug-rollout-data",
+                          str(tmp_path / "plain" / "r{rollout_id}.grz"))  # fmt: skip
+    code, report = _replay_filter(capsys, str(run_dir / "r{rollout_id}.grz"), NONZERO)
+    assert report["notes"] == ["rollout 0: only its kept groups are recorded (no candidates_0)"]
+    assert report["groups"] == 4 and code == (1 if report["flips"] else 0)
+
+
+@pytest.mark.parametrize(
+    ("template", "name", "message"),
+    [
+        ("/nonexistent/{rollout_id}.grz", NONZERO, "no recording matches"),
+        ("/nonexistent/r.grz", NONZERO, "{rollout_id}"),
+        (None, "filter_funcs.nothing", "module 'filter_funcs' has no attribute 'nothing'"),
+    ],
+)
+def test_replay_filter_bad_input_exits_2(
+    filtered: Path, capsys, template: str | None, name: str, message: str
+) -> None:
+    template = template or str(filtered / "{rollout_id}.grz")
+    assert main(["replay", "filter", template, "--filter", name]) == 2
+    assert message in capsys.readouterr().err
