@@ -139,14 +139,20 @@ def run_train_command(parser: argparse.ArgumentParser, args: argparse.Namespace,
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `grpolab` console script; returns the exit code.
 
-    A reader that closes stdout early (`grpolab replay inspect F | head`) ends the command quietly
-    with 141 (128 + SIGPIPE, what a shell reports for `yes | head`), the way the Python docs
+    Ctrl+C (or SIGTERM where the command turns it into KeyboardInterrupt) ends a command with one line
+    and 130 (143), never a traceback. A reader that closes stdout early (`grpolab replay inspect F | head`)
+    ends the command quietly with 141 (128 + SIGPIPE, what a shell reports for `yes | head`), the way the Python docs
     recommend: stdout is pointed at /dev/null so the interpreter's final flush cannot fail again.
     """
     try:
         code = _dispatch(argv)
         sys.stdout.flush()  # a pipe closed after the last write surfaces here, inside the try
         return code
+    except KeyboardInterrupt as e:  # a command without its own handling (`train` and `serve` have theirs)
+        from grpolab.core.interrupts import interrupt_exit_code
+
+        print(f"grpolab {(argv or sys.argv[1:] or [''])[0]}: interrupted".rstrip(), file=sys.stderr)
+        return interrupt_exit_code(e)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

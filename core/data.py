@@ -223,6 +223,31 @@ def check_context_room(dataset: PromptDataset, max_context_len: int) -> None:
         )
 
 
+def check_model_room(dataset: PromptDataset, max_response_len: int, limit: int, where_limit: str) -> None:
+    """Check that the longest prompt, as the rollout sends it (the chat template and tool specs applied),
+    plus `--rollout-max-response-len` fits the model's `limit` (its max_position_embeddings): the check
+    train/preflight.py makes before the template, made again on the ids the engine gets. A multi-turn or
+    agent sample keeps at most that many response tokens over all its turns, so this bounds every
+    sample.
+
+    Raises:
+        ValueError: naming the flag, the row (file line, or row index of a parquet file), its tokens with
+            the template, the limit (`where_limit`: its config file) and the largest response length that fits.
+    """
+    lengths = [len(dataset[i].prompt_ids) for i in range(len(dataset))]
+    longest = max(range(len(lengths)), key=lengths.__getitem__)
+    tokens = lengths[longest]
+    if tokens + max_response_len <= limit:
+        return
+    where = f"line {dataset.lines[longest]}" if dataset.lines is not None else f"row {longest}"
+    room = f"use --rollout-max-response-len at most {limit - tokens}" if tokens < limit else "shorten it"
+    raise ValueError(
+        f"--rollout-max-response-len {max_response_len}: the longest prompt of {dataset.flag} ({dataset.path} "
+        f"{where}) is {tokens} tokens as the rollout sends it (chat template applied), and {tokens} + "
+        f"{max_response_len} exceeds the model's limit of {limit} tokens ({where_limit}); {room}"
+    )
+
+
 def check_rows(
     rows: list[dict[str, Any]],
     path: str | Path,

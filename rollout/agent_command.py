@@ -61,7 +61,9 @@ def add_agent_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--seed", type=int, default=1, help="seeds every episode's requests (default: 1)")
     run.add_argument("--agent-timeout", type=float, default=300.0, help="seconds per episode (default: 300)")
     run.add_argument(
-        "--save-debug-rollout-data", metavar="PATH", help="write the episodes as a .grz recording"
+        "--save-debug-rollout-data",
+        metavar="PATH",
+        help="write the episodes as a .grz recording (a {rollout_id} in PATH is 0)",
     )
     run.add_argument("--force", action="store_true", help="replace an existing recording")
 
@@ -92,7 +94,6 @@ def _server_facts(server: str) -> dict:
 
 def run_agent_command(args: argparse.Namespace) -> int:
     """Run `grpolab agent run`; return the exit code (see the module docstring)."""
-
     from grpolab.core.config import Config, DataConfig, RolloutConfig, RunConfig
     from grpolab.core.config.agent import AgentConfig
     from grpolab.core.data import PromptDataset
@@ -103,8 +104,13 @@ def run_agent_command(args: argparse.Namespace) -> int:
     from grpolab.rollout.sample_plan import plan_samples
 
     server = args.server.rstrip("/")
-    out = Path(args.save_debug_rollout_data) if args.save_debug_rollout_data else None
+    out = None
     try:
+        if args.save_debug_rollout_data:  # a training template's {rollout_id} is this run's rollout 0
+            from grpolab.replay.paths import format_path
+
+            path = args.save_debug_rollout_data
+            out = Path(format_path(path, 0) if "{rollout_id}" in path else path)
         if args.num_prompts < 1 or args.n_samples_per_prompt < 1:
             raise ValueError("--num-prompts and --n-samples-per-prompt must be >= 1")
         if out is not None and out.exists() and not args.force:
@@ -137,11 +143,19 @@ def run_agent_command(args: argparse.Namespace) -> int:
                               max_new_tokens=args.rollout_max_response_len)  # fmt: skip
     version = str(info.get("weight_version", ""))
     engine_version = int(version) if version.isdigit() else 0  # a fresh server's "default" counts as 0
+    from grpolab.core.interrupts import interrupt_exit_code, interrupt_on_sigterm, restore_handlers
+
+    previous = interrupt_on_sigterm()  # SIGTERM too cancels the episodes, so their sessions are deleted
     try:
         samples = run_agents(found[1], server, plan, sampling, args.agent_timeout, engine_version)
     except RuntimeError as e:
         print(f"{PROG}: {AGENT_FLAG.lstrip('-')} failed: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:
+        print(f"{PROG}: interrupted; the episodes were cancelled and nothing was written", file=sys.stderr)
+        return interrupt_exit_code(e)
+    finally:
+        restore_handlers(previous)
     for s in samples:
         print(episode_text(s, tokenizer))
     mean = sum(s.reward for s in samples) / len(samples)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -36,13 +37,27 @@ from grpolab.core.turns.tools import AGENT_FLAG, call_within
 from grpolab.core.turns.watched import run_watched
 from grpolab.rollout.sample_plan import PlannedSample
 
+MAX_OPEN_EPISODES = 256
+"""Episodes run at once (each holds a session; `grpolab serve` keeps at most 1024 open, and the in-process
+engine batches at most 256 requests): the rest wait their turn."""
+
 
 def _call(url: str, method: str) -> dict:
-    """One JSON request to the door (loopback or the fleet's router)."""
+    """One JSON request to the door (loopback or the fleet's router).
+
+    Raises:
+        RuntimeError: the server answered an HTTP error (its status and message quoted) or did not answer.
+    """
     req = urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method,
                                  headers={"Content-Type": "application/json"})  # fmt: skip
-    with urllib.request.urlopen(req, timeout=60) as answer:
-        body = answer.read()
+    try:
+        with urllib.request.urlopen(req, timeout=60) as answer:
+            body = answer.read()
+    except urllib.error.HTTPError as e:
+        text = e.read().decode(errors="replace")[:300]
+        raise RuntimeError(f"{method} {url} answered HTTP {e.code}: {text}") from None
+    except OSError as e:
+        raise RuntimeError(f"{method} {url} failed: {e}") from None
     return json.loads(body) if body else {}
 
 
@@ -132,8 +147,13 @@ def run_agents(
             core.turns.watched.LoopBlocked.
     """
     name = function_name(fn)
+    open_episodes = asyncio.Semaphore(MAX_OPEN_EPISODES)
 
     async def one(s: PlannedSample) -> Sample:
+        async with open_episodes:
+            return await episode(s)
+
+    async def episode(s: PlannedSample) -> Sample:
         sample = f"sample {s.index} (group {s.group}, prompt row {s.prompt.index})"
         where = f"{AGENT_FLAG} {name} on {sample}"
         sid = (await asyncio.to_thread(_call, f"{base}/sessions", "POST"))["session_id"]
@@ -145,8 +165,14 @@ def run_agents(
                 "row": s.prompt.index,
             }
             kwargs = request_kwargs(sampling, s.seed, "grpolab")
-            value = await call_within(fn, (f"{base}/sessions/{sid}/v1", list(s.prompt.messages or []), kwargs,
-                                           metadata), timeout=timeout, flag=AGENT_FLAG, where=sample)  # fmt: skip
+            try:
+                value = await call_within(fn, (f"{base}/sessions/{sid}/v1", list(s.prompt.messages or []),
+                                               kwargs, metadata), timeout=timeout, flag=AGENT_FLAG, where=sample)  # fmt: skip
+            except RuntimeError as e:  # the session's reason, which the agent's own client may not show
+                refused = (await asyncio.to_thread(_call, f"{base}/sessions/{sid}", "GET")).get("last_error")
+                if refused is None:
+                    raise
+                raise RuntimeError(f"{e}; its session refused the last turn: {refused}") from e
             record = TokenRecord.from_json(await asyncio.to_thread(_call, f"{base}/sessions/{sid}", "GET"))
         finally:
             await asyncio.to_thread(_call, f"{base}/sessions/{sid}", "DELETE")

@@ -91,7 +91,7 @@ def replay_filter(template: str, filter_path: str) -> FilterReplay:
             out.notes.append(
                 f"rollout {rollout_id}: only its kept groups are recorded (no candidates_{rollout_id})"
             )
-        args = argparse.Namespace(**{k: v for k, v in _flat(rec.train_config).items()})
+        args = argparse.Namespace(**_flat(rec.train_config))
         groups: dict[int, list] = {}
         for s in rec.samples:
             groups.setdefault(s.group_index, []).append(s)

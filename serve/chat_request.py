@@ -120,17 +120,31 @@ def _check_messages(messages: object) -> list:
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise RequestError("messages must be a non-empty list of {role, content} objects")
     for i, m in enumerate(messages):
-        content_ok = isinstance(m.get("content"), (str, list)) or (
-            m.get("content") is None
-            and m.get("role") == "assistant"
-            and isinstance(m.get("tool_calls"), list)
-        )
-        if not isinstance(m.get("role"), str) or not content_ok:
+        if not isinstance(m.get("role"), str):
             raise RequestError(
-                f"messages[{i}] must have a string role and a content (a string or a list of parts), "
-                f"got {sorted(m)}"
+                f"messages[{i}] must have a string role, got {m.get('role')!r} (keys {sorted(m)})"
             )
-    return messages
+        content = m.get("content")
+        calls = m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list)
+        if not (isinstance(content, (str, list)) or (content is None and calls)):
+            kind = "missing" if "content" not in m else "null" if content is None else type(content).__name__
+            raise RequestError(
+                f"messages[{i}] ({m['role']}) needs a content, a string or a list of parts; it is {kind} (only "
+                "an assistant message with tool_calls may have none)"
+            )
+    # an assistant turn that only called tools (OpenAI's content: null) renders as an empty content
+    return [dict(m, content="") if m.get("content") is None else m for m in messages]
+
+
+def _chat_names(message: str, body: dict) -> str:
+    """A sampling error in the chat request's own field names (`seed`, `max_tokens` or
+    `max_completion_tokens`), not SGLang's (`sampling_seed`, `max_new_tokens`)."""
+    limit = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    return (
+        message.replace("sampling_params.", "")
+        .replace("sampling_seed", "seed")
+        .replace("max_new_tokens", limit)
+    )
 
 
 def _sampling_dict(body: dict) -> dict:
@@ -205,6 +219,12 @@ def parse_chat(body: object, *, eos_ids: tuple[int, ...], deterministic: bool) -
     ):
         raise RequestError(f"stream_options must be {{include_usage: bool}}, got {options!r}")
     tool_choice = body.get("tool_choice", "auto")
+    named = isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
+    if tool_choice not in (None, "auto", "none", "required") and not named:
+        raise RequestError(
+            f"tool_choice must be auto, none, required or {{type: function, function: {{name}}}} (OpenAI's "
+            f"values), got {tool_choice!r}"
+        )
     if tool_choice not in (None, "auto", "none"):
         raise RequestError(
             f"grpolab serve does not support tool_choice = {tool_choice!r}: forcing a call needs constrained "
@@ -228,9 +248,12 @@ def parse_chat(body: object, *, eos_ids: tuple[int, ...], deterministic: bool) -
     rid = body.get("rid")
     if rid is not None and not isinstance(rid, str):
         raise RequestError(f"rid must be a string in /v1/chat/completions, got {rid!r}")
-    sampling = parse_sampling(
-        _sampling_dict(body), eos_ids=eos_ids, deterministic=deterministic, top_logprobs_num=top
-    )
+    try:
+        sampling = parse_sampling(
+            _sampling_dict(body), eos_ids=eos_ids, deterministic=deterministic, top_logprobs_num=top
+        )
+    except RequestError as e:  # SGLang's sampling names, said as the chat fields the client sent
+        raise RequestError(_chat_names(str(e), body)) from None
     if sampling.prefill_only:
         raise RequestError("max_tokens must be >= 1 in /v1/chat/completions, got 0")
     return ChatRequest(

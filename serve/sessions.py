@@ -41,12 +41,15 @@ MAX_SESSIONS = 1024
 
 @dataclass
 class Session:
-    """One trajectory: its token record, the tools and template arguments of its first turn, a lock."""
+    """One trajectory: its token record, the tools and template arguments of its first turn, a lock, and
+    why its last refused turn was refused (`GET /sessions/<id>`'s `last_error`: an agent whose own
+    client shows only "HTTP Error 409" is failed by grpolab with the reason)."""
 
     record: TokenRecord = field(default_factory=TokenRecord)
     tools: list | None = None
     template_kwargs: dict = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_error: str | None = None
 
 
 def _session(state: ServerState, request: Request) -> tuple[str, Session]:
@@ -77,7 +80,8 @@ async def session_record(state: ServerState, request: Request) -> Response:
         sid, session = _session(state, request)
     except LookupError as e:
         return error_response(str(e), 404)
-    return JSONResponse({"session_id": sid, **session.record.as_json()})
+    extra = {} if session.last_error is None else {"last_error": session.last_error}
+    return JSONResponse({"session_id": sid, **session.record.as_json(), **extra})
 
 
 async def close_session(state: ServerState, request: Request) -> Response:
@@ -154,9 +158,14 @@ async def session_chat(state: ServerState, request: Request) -> Response:
         try:
             record = _next_record(state, session, req)
         except HistoryRewrite as e:
+            session.last_error = f"409 at turn {e.turn}: {e}"
             return JSONResponse({"error": {"message": str(e), "turn": e.turn}}, status_code=409)
         except TemplateNotIncremental as e:
+            session.last_error = f"400: {e}"
             return error_response(str(e))
+        except RequestError as e:
+            session.last_error = f"400: {e}"
+            return JSONResponse(e.body, status_code=400)
         response, answers = await answer_chat(state, req, record.ids, with_logprobs=True)
         if not answers or answers[0][1].finish_reason == "abort":
             return response

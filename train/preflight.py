@@ -219,7 +219,8 @@ def check_prompt_lengths(config: Config, flag: str, path: str, rows: list[dict],
 
     Prompts are counted with tokenizer.json (the `tokenizers` library, no transformers) as raw text,
     without special tokens or the chat template, which only add tokens: a lower bound, so a refused
-    run would certainly overflow and a borderline one is not refused. A .gguf file or a model without
+    run would certainly overflow and a borderline one is not refused here: train/startup.py checks again
+    on the prompts as the rollout sends them (core/data.check_model_room). A .gguf file or a model without
     tokenizer.json is not checked. Only prompts that could overflow are tokenized: a BPE, WordPiece or
     Unigram token covers at least one byte of the normalized text (byte fallback: exactly one), so a
     prompt has at most its normalized UTF-8 length + 4 tokens (a prepended "▁" is 3 bytes). Tokenizing
@@ -260,7 +261,7 @@ def check_prompt_lengths(config: Config, flag: str, path: str, rows: list[dict],
         raise ValueError(
             f"--rollout-max-response-len {response}: the longest prompt of {flag} ({where}) is {tokens} "
             f"tokens before any chat template, and {tokens} + {response} exceeds {model_limit}; use at most "
-            f"{limit - tokens}"
+            f"{limit - tokens} less the chat template's tokens"
         )
 
 

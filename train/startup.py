@@ -23,12 +23,13 @@ from grpolab.core import checkpoint
 from grpolab.core.actor import Actor
 from grpolab.core.algorithms import advantages_always_zero
 from grpolab.core.config import Config
-from grpolab.core.data import PromptDataset, check_context_room
+from grpolab.core.data import PromptDataset, check_context_room, check_model_room
 from grpolab.core.data_identity import DataIdentity, data_identity
 from grpolab.core.dist import DistContext, all_gather_objects, barrier, init_distributed
 from grpolab.core.engine.base import RolloutEngine, SamplingParams
 from grpolab.core.engine.factory import build_engine
 from grpolab.core.metrics import PhaseTimer
+from grpolab.core.model_files import max_position_embeddings, split_checkpoint
 from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
 from grpolab.core.seeding import seed_everything
 from grpolab.core.shared_prefix import unsupported_reason
@@ -134,6 +135,11 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         name: PromptDataset(path, tokenizer, flag=f"--eval-prompt-data {name}", **dataset_kw)
         for name, path in cfg.eval.datasets
     }
+    limit = max_position_embeddings(cfg.model.hf_checkpoint)  # None for a .gguf file: not checked
+    if limit is not None:  # the template's tokens come on top of preflight's count
+        where = f"max_position_embeddings in {split_checkpoint(cfg.model.hf_checkpoint)[0] / 'config.json'}"
+        for data in (dataset, *eval_sets.values()):
+            check_model_room(data, cfg.rollout.rollout_max_response_len, limit, where)
     for name, data in [("prompt data", dataset), *((f"eval data {n}", d) for n, d in eval_sets.items())]:
         log.info(f"{name}: {data.path} ({len(data)} rows)")
     engine = _build_engine(cfg) if builds_engine(cfg, dist) else None  # rollout/central.py

@@ -82,6 +82,16 @@ class AgentConfig:
             "--generate-execute-tool-function-path and --generate-tool-specs-path are for the stock tool "
             "loop or a --custom-generate-function-path; drop them",
         )
+        loop_only = [  # set away from their defaults (the class attributes), so given on purpose
+            f"--{name.replace('_', '-')} {getattr(self, name)}"
+            for name in ("generate_max_turns", "generate_tool_call_parser")
+            if getattr(self, name) != getattr(AgentConfig, name)
+        ]
+        require(
+            self.custom_agent_function_path is None or not loop_only,
+            f"--custom-agent-function-path runs its own turns and parses its own tool calls: {' and '.join(loop_only)} "
+            "would have no effect (they are the stock tool loop's); drop them",
+        )
         require(
             self.generate_tool_specs_path is None or self.generate_execute_tool_function_path is not None,
             "--generate-tool-specs-path needs --generate-execute-tool-function-path (who runs the tools)",

@@ -10,6 +10,7 @@ run naming the tool, the call, the sample and the user's file:line (as rewards d
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -60,15 +61,29 @@ async def call_within(
     return result
 
 
-def _async_function(path: str, flag: str, contract: str) -> Callable[..., Any]:
-    """The `async def` function `flag` names.
+POSITIONAL = {GENERATE_FLAG: 3, AGENT_FLAG: 4}
+"""How many positional arguments each contract passes (CONTRACTS)."""
+
+
+def _async_function(path: str, flag: str, contract: str, positional: int | None = None) -> Callable[..., Any]:
+    """The `async def` function `flag` names, checked to take `positional` positional arguments.
 
     Raises:
-        ValueError: it does not import, is not callable or is not `async def` (naming the flag and `contract`).
+        ValueError: it does not import, is not callable, is not `async def` or cannot take the contract's
+            arguments (naming the flag, its signature and `contract`).
     """
     fn = import_callable(path, flag)
     if not is_async(fn):
         raise ValueError(f"{flag} {path}: must be `{contract}` (it is awaited)")
+    if positional is not None:
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # no signature to read (a C callable): the call will tell
+            return fn
+        try:
+            signature.bind(*range(positional))
+        except TypeError as e:
+            raise ValueError(f"{flag} {path}{signature}: must be `{contract}` ({e})") from None
     return fn
 
 
@@ -160,7 +175,7 @@ def load_tools(config: AgentConfig) -> ToolSet | None:
         return None
     assert config.generate_execute_tool_function_path is not None
     contract = "async def execute_tool(name: str, params: dict) -> str"
-    fn = _async_function(config.generate_execute_tool_function_path, EXECUTE_FLAG, contract)
+    fn = _async_function(config.generate_execute_tool_function_path, EXECUTE_FLAG, contract, 2)
     specs = load_tool_specs(config.generate_tool_specs_path) if config.generate_tool_specs_path else []
     names = tuple(tool_names_of(specs))
     return ToolSet(specs=specs, names=names, execute=fn, timeout=config.agent_timeout)
@@ -178,5 +193,5 @@ def load_episode_function(config: AgentConfig) -> tuple[str, Callable[..., Any]]
         (AGENT_FLAG, config.custom_agent_function_path),
     ):
         if path:
-            return flag, _async_function(path, flag, CONTRACTS[flag])
+            return flag, _async_function(path, flag, CONTRACTS[flag], POSITIONAL[flag])
     return None

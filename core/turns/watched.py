@@ -29,6 +29,11 @@ _LIBRARY_ROOTS = tuple(
 )
 
 
+STOP_GRACE_S = 5.0
+"""Seconds an interrupted caller waits for the cancelled episodes to end (their `finally` blocks: a
+session's DELETE) before the interrupt goes on; a blocked loop cannot cancel, and is left to the process."""
+
+
 class LoopBlocked(RuntimeError):
     """A coroutine blocked the event loop for longer than `--agent-timeout` (the message names it)."""
 
@@ -61,6 +66,21 @@ def _blocked_message(
     )
 
 
+def _cancel_all(loop: asyncio.AbstractEventLoop | None) -> None:
+    """Cancel every task of `loop` from another thread (nothing when it has closed)."""
+    if loop is None:
+        return
+
+    def cancel() -> None:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+
+    try:
+        loop.call_soon_threadsafe(cancel)
+    except RuntimeError:  # closed
+        pass
+
+
 def run_watched(main: Coroutine[Any, Any, Any], *, timeout: float, flag: str) -> Any:
     """`asyncio.run(main)`, the loop in a daemon thread answering a heartbeat every 0.05 s.
 
@@ -71,6 +91,8 @@ def run_watched(main: Coroutine[Any, Any, Any], *, timeout: float, flag: str) ->
 
     Raises:
         LoopBlocked: the loop did not answer for `timeout` seconds (see the module docstring).
+        KeyboardInterrupt: Ctrl+C or SIGTERM while it runs, after the loop's tasks were cancelled and had
+            up to `STOP_GRACE_S` seconds to end.
         Whatever `main` raises.
     """
     box: dict[str, Any] = {}
@@ -91,19 +113,24 @@ def run_watched(main: Coroutine[Any, Any, Any], *, timeout: float, flag: str) ->
 
     thread = threading.Thread(target=target, name="grpolab-episodes", daemon=True)
     thread.start()
-    started.wait()
-    while thread.is_alive():
-        beat = threading.Event()
-        try:
-            box["loop"].call_soon_threadsafe(beat.set)
-        except (RuntimeError, KeyError):  # the loop has closed (or never ran): the thread is ending
-            thread.join()
-            break
-        sent = time.monotonic()
-        while not beat.wait(_POLL) and thread.is_alive():
-            if time.monotonic() - sent > timeout:
-                raise LoopBlocked(_blocked_message(thread, box["loop"], flag, timeout))
-        thread.join(_POLL)
+    try:
+        started.wait()
+        while thread.is_alive():
+            beat = threading.Event()
+            try:
+                box["loop"].call_soon_threadsafe(beat.set)
+            except (RuntimeError, KeyError):  # the loop has closed (or never ran): the thread is ending
+                thread.join()
+                break
+            sent = time.monotonic()
+            while not beat.wait(_POLL) and thread.is_alive():
+                if time.monotonic() - sent > timeout:
+                    raise LoopBlocked(_blocked_message(thread, box["loop"], flag, timeout))
+            thread.join(_POLL)
+    except KeyboardInterrupt:  # Ctrl+C / SIGTERM: the episodes are cancelled (their `finally` runs) first
+        _cancel_all(box.get("loop"))
+        thread.join(STOP_GRACE_S)
+        raise
     if "error" in box:
         raise box["error"]
     return box.get("result")

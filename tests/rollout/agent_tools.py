@@ -116,3 +116,29 @@ async def blocks(name: str, params: dict) -> str:
 
     time.sleep(3)  # the line the error names
     return "late"
+
+
+async def agent_rewrites_history(
+    base_url: str, prompt: list[dict], request_kwargs: dict, metadata: dict, **kw
+) -> float:
+    """Two turns, the second with its first message rewritten: the session answers 409, which this
+    client (urllib) shows only as "HTTP Error 409: Conflict"."""
+    import json
+    import urllib.request
+
+    def send(messages: list[dict]) -> dict:
+        body = json.dumps({**request_kwargs, "messages": messages}).encode()
+        req = urllib.request.Request(
+            f"{base_url}/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        return json.loads(urllib.request.urlopen(req, timeout=60).read())
+
+    reply = send(prompt)["choices"][0]["message"]
+    changed = [{**prompt[0], "content": prompt[0]["content"] + " (edited)"}, *prompt[1:]]
+    send([*changed, {"role": "assistant", "content": reply["content"]}, {"role": "user", "content": "and?"}])
+    return 1.0
+
+
+async def agent_wrong_signature(base_url: str) -> float:
+    """Takes one argument where the contract passes four."""
+    return 1.0

@@ -4,6 +4,7 @@ process: the same app as `grpolab serve`), and its bad input."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +49,8 @@ def test_agent_run_prints_every_turn_and_records_the_rollout(
     assert main(argv) == 2  # the recording exists: nothing is overwritten without --force
     assert "exists; pass --force" in capsys.readouterr().err
     assert main([*argv, "--force"]) == 0
+    template = ["--save-debug-rollout-data", str(tmp_path / "ep_{rollout_id}.grz")]  # a training template
+    assert main([*argv[:-2], *template]) == 0 and load_rollout(tmp_path / "ep_0.grz").samples
 
 
 def test_agent_run_bad_input(server: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -90,3 +93,24 @@ def test_a_server_without_sessions_is_refused(tmp_path: Path, capsys: pytest.Cap
         assert "serves no /sessions" in capsys.readouterr().err
     finally:
         httpd.shutdown()
+
+
+def test_agent_run_interrupted_ends_in_one_line(server: str, tmp_path: Path) -> None:
+    """Ctrl+C mid-episode (or while importing, on a slow machine): 130 and one line, never a traceback
+    (before: one per episode, as their sessions' calls failed after the loop shut down)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = [sys.executable, "-m", "grpolab", "agent", "run", "--agent", "agent_tools.agent_sleeps", "--server", server,
+            "--prompt-data", str(PROMPTS), "--num-prompts", "8", "--n-samples-per-prompt", "2"]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(6)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err and "interrupted" in err, err

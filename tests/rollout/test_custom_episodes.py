@@ -118,6 +118,10 @@ def test_naive_generate_trains_but_check_turns_names_the_dropped_boundary(
             ["--custom-agent-function-path", "agent_tools.agent_blocks", "--agent-timeout", "0.3"],
             "blocked the event loop for more than --agent-timeout 0.3 s at ",
         ),
+        (
+            ["--custom-agent-function-path", "agent_tools.agent_rewrites_history"],
+            "; its session refused the last turn: 409 at turn 0: messages[0] (user) differs from the message",
+        ),
     ],
 )
 def test_a_broken_episode_function_fails_the_run_naming_it(
@@ -140,6 +144,10 @@ def test_a_broken_episode_function_fails_the_run_naming_it(
             "module 'agent_tools' has no attribute 'nothing'",
         ),
         (
+            ["--custom-agent-function-path", "agent_tools.agent_wrong_signature"],
+            "must be `async def run(base_url, prompt, request_kwargs, metadata, **kw) -> reward` (too many positional",
+        ),
+        (
             [
                 "--custom-agent-function-path",
                 "agent_tools.agent_silent",
@@ -156,6 +164,19 @@ def test_a_broken_episode_function_fails_the_run_naming_it(
                 "grpolab.examples.calculator.tools.execute_tool",
             ],
             "--custom-agent-function-path runs its own tools",
+        ),
+        (
+            ["--custom-agent-function-path", "agent_tools.agent_silent", "--generate-max-turns", "3"],
+            "--generate-max-turns 3 would have no effect",
+        ),
+        (
+            [
+                "--custom-agent-function-path",
+                "agent_tools.agent_silent",
+                "--generate-tool-call-parser",
+                "hermes",
+            ],
+            "--generate-tool-call-parser hermes would have no effect",
         ),
         (
             ["--custom-agent-function-path", "agent_tools.agent_silent", "--no-apply-chat-template"],

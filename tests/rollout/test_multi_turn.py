@@ -22,6 +22,7 @@ from grpolab.replay.recording import load_rollout, save_rollout
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS_MODEL = REPO / "fixtures" / "tiny-qwen3-tools"
+GSM8K_TRAIN = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 EOS = 2
 TOOL_LOOP = [
     "--hf-checkpoint", str(TOOLS_MODEL), "--apply-chat-template",
@@ -291,6 +292,27 @@ def test_context_and_turn_limits_end_episodes(tmp_path: Path) -> None:
         )  # a call at the last turn is not run
         assert episode["ended"] in ("max_turns", "answer", "length") and s.loss_mask.all()
     assert capped.is_dir() and one.is_dir()
+
+
+def test_the_model_limit_counts_the_chat_templates_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A 410-token GSM8K question before the template is 424 tokens with it: 424 + 102 would pass the raw
+    count (410 + 102 = 512) and run past the model's 512 positions, single-turn and in the tool loop."""
+    longest = max(GSM8K_TRAIN.read_text().splitlines(), key=len)
+    data = tmp_path / "long.jsonl"
+    data.write_text(longest + "\n")
+    for extra in ([], TOOL_LOOP):
+        argv = ["train", *extra, "--hf-checkpoint", str(TOOLS_MODEL), "--apply-chat-template", "--prompt-data",
+                str(data), "--rollout-max-response-len", "102", "--run-dir", str(tmp_path / f"long{len(extra)}")]  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert (
+            f"the longest prompt of --prompt-data ({data} line 1) is " in err
+            and "chat template applied" in err
+        )
+        tokens = int(err.split(" line 1) is ")[1].split()[0])
+        assert tokens + 102 > 512 and f"at most {512 - tokens}" in err
 
 
 def test_context_cap_on_single_turn_samples_and_prompts_that_fill_it(

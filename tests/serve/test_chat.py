@@ -172,6 +172,12 @@ def test_tools_reach_the_template_and_a_plain_answer_stays_text(client):
         model="tiny-qwen3", messages=history, max_tokens=4, seed=1, tools=tools
     )
     assert isinstance(r.choices[0].message.content, str)
+    calls_only = [{**history[1], "content": None}]  # OpenAI's shape of a turn that only called tools
+    history = [history[0], *calls_only, *history[2:]]
+    r = client.chat.completions.create(
+        model="tiny-qwen3", messages=history, max_tokens=4, seed=1, tools=tools
+    )
+    assert isinstance(r.choices[0].message.content, str)
 
 
 @pytest.mark.parametrize(
@@ -186,7 +192,12 @@ def test_tools_reach_the_template_and_a_plain_answer_stays_text(client):
         ({"tool_choice": "required"}, "tool_choice = 'required'"),
         ({"tools": [{"type": "function"}]}, "tools[0] must be {type: function"),
         ({"frequency_penalty": 0.5}, "does not support frequency_penalty = 0.5"),
-        ({"stop": [1]}, "sampling_params.stop must be a string or a list of strings"),
+        ({"stop": [1]}, "stop must be a string or a list of strings"),
+        ({"tool_choice": "sometimes"}, "tool_choice must be auto, none, required or {type: function"),
+        ({"seed": 2**64}, "seed must be an integer in [-2**63, 2**63 - 1]"),
+        ({"max_tokens": -1}, "max_tokens must be >= 0"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0] (user) needs a content"),
+        ({"messages": [{"role": 5, "content": "hi"}]}, "messages[0] must have a string role, got 5"),
         ({"max_tokens": "5"}, "max_tokens must be an integer, got '5'"),
         ({"temperature": "hot"}, "temperature must be a number"),
         (

@@ -210,12 +210,23 @@ def test_corrupt_safetensors_and_unknown_checker_action_are_400(server, tmp_path
 
 
 @pytest.mark.parametrize(
-    "messages", [[{"role": "user"}], [{"content": "hi"}], [{"role": "user", "content": None}]]
+    ("messages", "needle"),
+    [
+        (
+            [{"role": "user"}],
+            "messages[0] (user) needs a content, a string or a list of parts; it is missing",
+        ),
+        ([{"content": "hi"}], "messages[0] must have a string role, got None"),
+        (
+            [{"role": "user", "content": None}],
+            "messages[0] (user) needs a content, a string or a list of parts; it is null",
+        ),
+    ],
 )
-def test_chat_message_without_content_or_role_is_400(server, messages):
+def test_chat_message_without_content_or_role_is_400(server, messages, needle):
     ans = server.call("/v1/chat/completions", {"messages": messages})
     assert ans.status == 400, ans.text
-    assert "messages[0] must have a string role and a content" in ans.body["error"]["message"]
+    assert needle in ans.body["error"]["message"]
 
 
 def test_chat_prompt_too_long_for_the_context_is_400(server):
