@@ -196,6 +196,10 @@ def _dispatch(argv: list[str] | None) -> int:
         from grpolab.checkers.parity_command import run_parity_command
 
         return run_parity_command(args)
+    if args.command == "check" and args.check_kind == "resume":
+        from grpolab.checkers.resume_command import run_resume_command
+
+        return run_resume_command(args)
     if args.command == "check" and args.check_kind == "turns":
         from grpolab.rollout.turns_command import run_turns_command
 

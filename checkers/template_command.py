@@ -19,9 +19,10 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     rollout/turns_command.py, which reads recordings) to the `grpolab` subparsers (imports no torch)."""
     check = sub.add_parser(
         "check",
-        help="check a model's setup before a run, a multi-turn recording, or trainer/engine parity (template, turns, parity)",
+        help="check a model's setup before a run, a multi-turn recording, trainer/engine parity, or that a "
+        "killed run resumes exactly (template, turns, parity, resume)",
     )
-    kinds = check.add_subparsers(dest="check_kind", required=True, metavar="{template,turns,parity}")
+    kinds = check.add_subparsers(dest="check_kind", required=True, metavar="{template,turns,parity,resume}")
     t = kinds.add_parser(
         "template",
         help="is the chat template append-only across turns, and what it does to answer log-probs",
@@ -50,8 +51,10 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     add_turns_parser(kinds)
     from grpolab.checkers.parity_command import add_parity_parser
+    from grpolab.checkers.resume_command import add_resume_parser
 
     add_parity_parser(kinds)
+    add_resume_parser(kinds)
 
 
 def add_turns_parser(kinds: argparse._SubParsersAction) -> None:

@@ -24,6 +24,7 @@ from grpolab.core.batch import MicroBatch, Sample, collate, split
 from grpolab.core.config import AlgorithmConfig, OptimizerConfig
 from grpolab.core.dist import DistContext, all_reduce_sum, full_tensor, shard_model
 from grpolab.core.loss_terms import token_terms
+from grpolab.core.lr_schedule import LRSchedule
 from grpolab.core.model_files import padding_id
 from grpolab.core.modeling import load_causal_lm
 
@@ -74,6 +75,7 @@ class Actor:
         with_reference: bool = True,
         train_forward: str = "auto",
         true_on_policy: bool = False,
+        schedule: LRSchedule | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.dist = dist_ctx or DistContext()
@@ -116,9 +118,11 @@ class Actor:
                 eps=optimizer.adam_eps,
                 weight_decay=optimizer.weight_decay,
             )
+            plan = schedule or LRSchedule(style="constant", lr=optimizer.lr)  # Miles' default: constant
+            peak = optimizer.lr
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-                self.optimizer, lambda _: 1.0
-            )  # Miles default: constant
+                self.optimizer, lambda step: plan.lr_at(step) / peak if peak > 0 else 0.0
+            )
         self.offloaded = False
 
     # ------------------------------------------------------------------ log-probs

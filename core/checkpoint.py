@@ -61,6 +61,10 @@ class TrainerState:
     model_fingerprint: str
     data_identity: dict[str, Any] | None = None
     """`DataIdentity.to_dict()` of the run that saved it; None in checkpoints from before it was stored."""
+    lr_schedule: dict[str, Any] | None = None
+    """`LRSchedule.as_dict()` of the run that saved it (None before schedules were stamped)."""
+    next_lr: float | None = None
+    """The lr the next optimizer step trains at under that schedule (the stamp a resume is checked against)."""
 
 
 def save_due(rollout_id: int, *, num_rollout: int, save_interval: int | None, exit_after: int | None) -> bool:

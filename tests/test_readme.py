@@ -140,6 +140,7 @@ _READ_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("check", "template"): ("messages",),
     ("check", "turns"): ("recordings",),
     ("check", "parity"): ("prompt_data", "baseline"),
+    ("check", "resume"): (),
     ("agent", "run"): ("prompt_data",),
     ("diagnose", "hang"): ("run_dir",),
     ("diagnose", "log"): ("files",),

@@ -28,6 +28,7 @@ from grpolab.core.data_identity import DataIdentity, data_identity
 from grpolab.core.dist import DistContext, all_gather_objects, barrier, init_distributed
 from grpolab.core.engine.base import RolloutEngine, SamplingParams
 from grpolab.core.engine.factory import build_engine
+from grpolab.core.lr_schedule import LRSchedule, resume_mismatch
 from grpolab.core.metrics import PhaseTimer
 from grpolab.core.model_files import max_position_embeddings, split_checkpoint
 from grpolab.core.modeling import load_tokenizer, model_fingerprint, parse_dtype, stop_token_ids
@@ -276,7 +277,13 @@ def _build_actor(cfg: Config, dist: DistContext) -> Actor:
         with_reference=reference_needed(cfg),  # no reference model when nothing reads it
         train_forward=cfg.model.train_forward,
         true_on_policy=cfg.model.true_on_policy_mode,
+        schedule=cfg.lr_schedule(),
     )
+    schedule = cfg.lr_schedule()
+    if not cfg.debug.debug_disable_optimizer and (schedule.style != "constant" or schedule.warmup_iters):
+        log.info(
+            schedule.describe(cfg.rollout.num_rollout * cfg.steps_per_rollout)
+        )  # a constant lr says nothing new
     forward = "padded"
     if actor.shared_prefix:
         forward = "shared-prefix (a prompt runs once for its samples in micro-batches where that pays)"
@@ -329,6 +336,27 @@ def checkpoint_to_resume(config: Config, actor: Actor | None, run_dir: RunDirect
     return latest
 
 
+def _check_schedule(config: Config, actor: Actor, restored: checkpoint.TrainerState, path: Path) -> None:
+    """The checkpoint's stamped lr schedule continues as this run's (core/lr_schedule.resume_mismatch); a
+    checkpoint saved before schedules were stamped is taken as constant at this --lr, with a warning.
+
+    Raises:
+        checkpoint.CheckpointError: the schedules disagree at or after the next step (both lrs named).
+    """
+    schedule = config.lr_schedule()
+    steps = actor.scheduler.last_epoch if actor.scheduler is not None else 0
+    saved = restored.lr_schedule
+    if saved is None:
+        log.warning(f"warning: --load {path} was saved before lr schedules were stamped: it is taken as trained at "
+                    f"a constant --lr {schedule.lr:g}")  # fmt: skip
+        saved = LRSchedule(style="constant", lr=schedule.lr, decay_iters=schedule.decay_iters).as_dict()
+    why = resume_mismatch(saved, restored.next_lr, schedule, steps)
+    if why is not None:
+        raise checkpoint.CheckpointError(
+            f"--load {path}: {why}; resume with the schedule flags it was saved with"
+        )
+
+
 def resume(
     config: Config,
     run_dir: RunDirectory,
@@ -357,6 +385,7 @@ def resume(
         data=data,
         allow_data_change=config.checkpoint.allow_data_change,
     )
+    _check_schedule(config, actor, restored, latest)
     harness.after_load(latest, lambda: list(actor.local_named_weights()))
     n = restored.next_rollout_id
     log.info(f"--load {config.checkpoint.load}: resumed from {latest.name}, continuing at rollout {n}")

@@ -38,6 +38,7 @@ from grpolab.core.config.generation import (
 from grpolab.core.config.monitoring import MonitoringConfig, ProfilingConfig
 from grpolab.core.config.training import AlgorithmConfig, CheckpointConfig, ColocateConfig, OptimizerConfig
 from grpolab.core.config.validation import require, require_finite
+from grpolab.core.lr_schedule import LRSchedule
 
 __all__ = [
     "AgentConfig",
@@ -180,6 +181,19 @@ class Config:
             f"--global-batch-size {gbs} must divide the rollout's samples: --rollout-batch-size "
             f"{self.rollout.rollout_batch_size} × --n-samples-per-prompt {self.rollout.n_samples_per_prompt} = {samples}",
         )
+        self.lr_schedule()  # schedule flags that contradict are flag errors (exit 2)
+
+    def lr_schedule(self) -> LRSchedule:
+        """The run's learning-rate schedule, `--lr-decay-iters` defaulting to its last optimizer step.
+
+        Raises:
+            ValueError: the schedule flags contradict (core/lr_schedule.py names them).
+        """
+        opt = self.optimizer
+        total = self.rollout.num_rollout * self.steps_per_rollout
+        return LRSchedule(style=opt.lr_decay_style, lr=opt.lr, min_lr=opt.min_lr, warmup_iters=opt.lr_warmup_iters,
+                          decay_iters=opt.lr_decay_iters if opt.lr_decay_iters is not None else max(total, opt.lr_warmup_iters, 1),
+                          warmup_init=opt.lr_warmup_init)  # fmt: skip
 
     @property
     def steps_per_rollout(self) -> int:

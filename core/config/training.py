@@ -96,14 +96,26 @@ class AlgorithmConfig:
 
 @dataclass(kw_only=True)
 class OptimizerConfig:
-    """Batching into optimizer steps and the AdamW optimizer (constant learning rate)."""
+    """Batching into optimizer steps, the AdamW optimizer and its learning-rate schedule (core/lr_schedule.py)."""
 
     global_batch_size: int | None = None
     """Samples per optimizer step (default: all samples of a rollout, one step per rollout)."""
     micro_batch_size: int = 16
     """Samples per forward/backward; does not change the objective."""
     lr: float = 2e-4
-    """AdamW learning rate."""
+    """AdamW learning rate (the peak of a schedule: --lr-decay-style)."""
+    lr_decay_style: str = "constant"
+    """constant | linear | cosine (Megatron's names): after the warm-up the lr stays at --lr, or decays from
+    --lr to --min-lr over --lr-decay-iters optimizer steps."""
+    lr_warmup_iters: int = 0
+    """Optimizer steps of linear warm-up from --lr-warmup-init to --lr (0: none)."""
+    lr_decay_iters: int | None = None
+    """Optimizer step at which the decay reaches --min-lr (default: the run's last, --num-rollout x steps
+    per rollout; >= --lr-warmup-iters)."""
+    min_lr: float = 0.0
+    """The lr the decay ends at, in [0, --lr]."""
+    lr_warmup_init: float = 0.0
+    """The lr of the first warm-up step, in [0, --lr]."""
     clip_grad: float = 1.0
     """Gradient norm clip (0 disables)."""
     weight_decay: float = 0.0

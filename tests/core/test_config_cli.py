@@ -101,7 +101,10 @@ def test_every_field_has_a_flag_with_help() -> None:
     flags = train_flags()
     assert len(flags) == sum(len(dataclasses.fields(cls)) for cls in sections().values())
     by_flag = {tf.flag: tf for tf in flags}
-    assert by_flag["--lr"].help == "AdamW learning rate (default: 0.0002)."
+    assert (
+        by_flag["--lr"].help
+        == "AdamW learning rate (the peak of a schedule: --lr-decay-style) (default: 0.0002)."
+    )
     assert by_flag["--colocate"].help.endswith("(default: on).")
     assert by_flag["--eps-clip-high"].help == "Upper clip (default: --eps-clip, as in Miles)."
     assert "train/launch.py" not in by_flag["--device"].help  # later docstring paragraphs are for the code

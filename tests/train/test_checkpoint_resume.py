@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import SHORT, events
+from runs import SHORT, events, metrics
 
 from grpolab.cli import main
 from grpolab.core.save_dir import SAVE_LOCK_FILE, live_writer
@@ -194,3 +194,43 @@ def test_resuming_a_complete_run_says_so(resumed: Path) -> None:
     assert reader.run_status(resumed) == "finished"
     (rank,), _ = reader.read_ranks(resumed)
     assert rank.heartbeat is not None and rank.heartbeat["phase"] == "finished"
+
+
+def test_a_schedule_resumes_at_the_next_step_and_another_is_refused(tmp_path: Path, capsys) -> None:
+    """A cosine schedule with warm-up over 4 rollouts: 2 + 2 with --load train at the straight run's lrs,
+    step for step, and the checkpoint stamps the next lr; resuming with another schedule exits 2 naming
+    the stamped and the new lr."""
+    schedule = ["--lr-decay-style", "cosine", "--lr-warmup-iters", "1", "--min-lr", "1e-5"]
+    straight = tmp_path / "straight"
+    assert main(["train", *TINY, *schedule, "--run-dir", str(straight)]) == 0
+    first = tmp_path / "first"
+    assert main([*command(tmp_path, *schedule), "--run-dir", str(first), "--num-rollout", "2"]) == 0
+    state = json.loads((tmp_path / "ckpt" / "iter_0000002" / "trainer_state.json").read_text())
+    assert state["lr_schedule"]["style"] == "cosine" and state["lr_schedule"]["decay_iters"] == 2
+    lrs = [m["train/lr-pg_0"] for m in metrics(straight, "step")]
+    assert lrs[0] == 0.0 and lrs[1] == 2e-4 and lrs[3] < lrs[2] < lrs[1]
+    # the first run's --num-rollout 2 made its decay end at step 2: resuming it into a 4-rollout schedule is refused
+    code = main(
+        [
+            *command(tmp_path, *schedule),
+            "--run-dir",
+            str(tmp_path / "second"),
+            "--load",
+            str(tmp_path / "ckpt"),
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "decay_iters 2 -> 4" in err and "would train at lr " in err and "this run's schedule gives " in err
+    fixed = ["--lr-decay-iters", "4"]  # the straight run's schedule, named: both halves now match it
+    again = tmp_path / "again"
+    assert (
+        main([*command(again, *schedule, *fixed), "--run-dir", str(again / "a"), "--num-rollout", "2"]) == 0
+    )
+    assert (
+        main(
+            [*command(again, *schedule, *fixed), "--run-dir", str(again / "b"), "--load", str(again / "ckpt")]
+        )
+        == 0
+    )
+    assert [m["train/lr-pg_0"] for m in metrics(again / "a", "step") + metrics(again / "b", "step")] == lrs
