@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.replay.cli import add_replay_parser
 
     add_replay_parser(sub)
+    from grpolab.convert.command import add_convert_parser
+
+    add_convert_parser(sub)
     from grpolab.ui.launch import add_ui_parser
 
     add_ui_parser(sub)
@@ -212,6 +215,10 @@ def _dispatch(argv: list[str] | None) -> int:
         from grpolab.checkers.gate_command import run_gate_command
 
         return run_gate_command(args)
+    if args.command == "convert":
+        from grpolab.convert.command import run_convert_command
+
+        return run_convert_command(args)
     if args.command == "replay" and args.replay_command == "filter":
         from grpolab.rollout.filter_replay import run_filter_command
 

@@ -65,6 +65,8 @@ class TrainerState:
     """`LRSchedule.as_dict()` of the run that saved it (None before schedules were stamped)."""
     next_lr: float | None = None
     """The lr the next optimizer step trains at under that schedule (the stamp a resume is checked against)."""
+    hf_checkpoint: str | None = None
+    """The run's `--hf-checkpoint` (as given), the origin `grpolab convert --to-hf` exports onto."""
 
 
 def save_due(rollout_id: int, *, num_rollout: int, save_interval: int | None, exit_after: int | None) -> bool:

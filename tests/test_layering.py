@@ -32,6 +32,7 @@ FLOORS: dict[str, int] = {
     "monitor": 2,
     "diagnose": 2,
     "serve": 2,
+    "convert": 2,  # checkpoints exported for serving (grpolab convert)
     "rollout": 3,  # rollout paths (replay, inject, the engine, a fleet) behind one protocol
     "diff": 3,
     "train": 4,  # the run's orchestration: loop, start-up, preflight, step report, train phase, colocation

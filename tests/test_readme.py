@@ -141,6 +141,7 @@ _READ_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("check", "turns"): ("recordings",),
     ("check", "parity"): ("prompt_data", "baseline"),
     ("check", "resume"): (),
+    ("convert",): ("to_hf", "origin_hf_dir"),
     ("agent", "run"): ("prompt_data",),
     ("diagnose", "hang"): ("run_dir",),
     ("diagnose", "log"): ("files",),

@@ -292,6 +292,7 @@ class GRPORun:
             weight_version=self.state.weight_version + 1,
             model_fingerprint=self.fingerprint,
             data_identity=self.data.to_dict(),
+            hf_checkpoint=self.cfg.model.hf_checkpoint,
             lr_schedule=self.cfg.lr_schedule().as_dict(),
             next_lr=self.cfg.lr_schedule().lr_at(actor.scheduler.last_epoch if actor.scheduler else 0),
         )

@@ -1,0 +1,137 @@
+"""`grpolab convert --to-hf` (convert/to_hf.py): a checkpoint of a short run becomes a save_pretrained folder
+that transformers loads to the trainer's log-probs, that `grpolab train` and `grpolab serve` take, and a
+checkpoint that does not map is refused naming the tensor, without touching an existing folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from runs import train_short
+from safetensors.torch import load_file, save_file
+
+from grpolab.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serve"))  # serving.start_server
+from serving import start_server, stop_server  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "fixtures" / "tiny-qwen3"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("convert")
+    train_short(tmp / "run", "--save", str(tmp / "ckpt"))
+    return tmp / "ckpt" / "iter_0000002"
+
+
+def test_export_loads_to_the_trainers_weights_and_runs(ckpt: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "hf"
+    assert (
+        main(["convert", "--to-hf", str(ckpt.parent), "--output-dir", str(out)]) == 0
+    )  # origin: the checkpoint's
+    capsys.readouterr()
+    # weights that certainly differ from the origin's (a 2-rollout run may not move them)
+    ckpt = _copy_with(
+        ckpt, tmp_path, lambda w: w.__setitem__("model.norm.weight", w["model.norm.weight"] * 1.5)
+    )
+    out = tmp_path / "hf_moved"
+    assert main(["convert", "--to-hf", str(ckpt), "--output-dir", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "tied lm_head.weight" in said and "bitwise on 12 positions" in said
+    facts = json.loads((out / "grpolab_export.json").read_text())
+    assert facts["next_rollout_id"] == 2 and facts["tied"] == ["lm_head.weight"]
+    trained, exported = load_file(str(ckpt / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert set(exported) <= set(trained) and all(torch.equal(exported[k], trained[k]) for k in exported)
+    assert not torch.equal(
+        trained["model.norm.weight"], load_file(str(TINY / "model.safetensors"))["model.norm.weight"]
+    )
+    assert {"config.json", "tokenizer.json", "chat_template.jinja", "generation_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    train_short(tmp_path / "again", "--hf-checkpoint", str(out), "--num-rollout", "1")
+    server = start_server(out)
+    try:
+        answer = server.call("/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})
+        assert answer.status == 200 and len(answer.body["output_ids"]) >= 1
+    finally:
+        stop_server(server)
+
+
+def _copy_with(ckpt: Path, tmp: Path, edit) -> Path:  # noqa: ANN001
+    copy = shutil.copytree(ckpt, tmp / "edited")
+    weights = {k: v.clone() for k, v in load_file(str(copy / "model.safetensors")).items()}
+    edit(weights)
+    save_file(weights, str(copy / "model.safetensors"))
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda w: w.__setitem__("extra.weight", torch.zeros(2)), "checkpoint tensor extra.weight names no parameter"),
+        (lambda w: w.pop("model.norm.weight"), "no checkpoint tensor for the origin's model.norm.weight"),
+        (lambda w: w.__setitem__("lm_head.weight", w["model.embed_tokens.weight"].clone()),
+         "are one tied parameter of the origin model"),
+        (lambda w: w.__setitem__("model.norm.weight", torch.zeros(3)), "checkpoint tensor model.norm.weight has shape (3,)"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_that_does_not_map_is_refused_naming_the_tensor(
+    ckpt, tmp_path, capsys, edit, message
+) -> None:
+    bad = _copy_with(ckpt, tmp_path, edit)
+    assert (
+        main(
+            [
+                "convert",
+                "--to-hf",
+                str(bad),
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--origin-hf-dir",
+                str(TINY),
+            ]
+        )
+        == 2
+    )
+    assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_bad_input_exits_2_and_loses_nothing(ckpt: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    argv = ["convert", "--to-hf", str(ckpt), "--output-dir", str(out), "--origin-hf-dir", str(TINY)]
+    assert main(argv) == 2 and "is not empty; pass --force" in capsys.readouterr().err
+    assert (out / "mine.txt").read_text() == "keep me"
+    other = REPO / "fixtures" / "tiny-qwen3-tools"
+    assert (
+        main([*argv[:-1], str(other), "--force"]) == 2
+        and "trained from another model" in capsys.readouterr().err
+    )
+    assert (out / "mine.txt").exists()
+    assert main(["convert", "--to-hf", str(tmp_path / "none"), "--output-dir", str(tmp_path / "o")]) == 2
+    assert "no checkpoint there" in capsys.readouterr().err
+    cut = shutil.copytree(ckpt, tmp_path / "cut")
+    (cut / "model.safetensors").write_bytes((cut / "model.safetensors").read_bytes()[:1000])
+    assert (
+        main(
+            [
+                "convert",
+                "--to-hf",
+                str(cut),
+                "--output-dir",
+                str(tmp_path / "o"),
+                "--origin-hf-dir",
+                str(TINY),
+            ]
+        )
+        == 2
+    )
+    assert "model.safetensors is unreadable" in capsys.readouterr().err
+    assert main([*argv, "--force"]) == 0 and not (out / "mine.txt").exists()
