@@ -12,13 +12,44 @@ from starlette.responses import JSONResponse, Response
 
 from grpolab.core.engine.base import GenerationResult, SamplingParams
 from grpolab.serve.http import error_response, read_json
-from grpolab.serve.protocol import GenerateItem, RequestError, check_fits, parse_generate
+from grpolab.serve.protocol import GenerateItem, RequestError, parse_generate
 from grpolab.serve.responses import abort_response, generate_response
 from grpolab.serve.state import ServerState
 from grpolab.serve.stops import cut_result, find_stop
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
 """How long `/health_generate` waits for its one-token generation (SGLang's HEALTH_CHECK_TIMEOUT)."""
+
+
+def check_fits(item: GenerateItem, *, vocab_size: int, context_len: int) -> None:
+    """Refuse (400) a prompt the model cannot run: a token id outside [0, vocab_size), or a prompt that
+    with its `max_new_tokens` does not fit `context_len` tokens (0: the config gave none, no limit).
+
+    The context rules and texts are SGLang's (`TokenizerManager._validate_one_request`): the prompt must
+    be shorter than the context length, and prompt + max_new_tokens must be below it too (refused, not
+    truncated: SGLang's default without `--allow-auto-truncate`).
+
+    Raises:
+        RequestError: the first bad token id (with its position and the vocab size), or the length.
+    """
+    bad = next(((i, t) for i, t in enumerate(item.prompt_ids) if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise RequestError(
+            f"The input_ids contain token id {bad[1]} (position {bad[0]}), outside the vocabulary: "
+            f"token ids must be in [0, {vocab_size}) (vocab size {vocab_size})."
+        )
+    n, max_new = len(item.prompt_ids), 0 if item.prefill_only else item.params.max_new_tokens
+    if context_len and n >= context_len:
+        raise RequestError(
+            f"The input ({n} tokens) is longer than the model's context length ({context_len} tokens)."
+        )
+    if context_len and n + max_new >= context_len:
+        raise RequestError(
+            f"Requested token count exceeds the model's maximum context length of {context_len} tokens. "
+            f"You requested a total of {n + max_new} tokens: {n} tokens from the input messages and "
+            f"{max_new} tokens for the completion. Please reduce the number of tokens in the input "
+            "messages or the completion to fit within the limit."
+        )
 
 
 async def run_items(state: ServerState, items: list[GenerateItem]) -> list[dict]:

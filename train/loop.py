@@ -261,17 +261,15 @@ class GRPORun:
         everyone = self._gather(samples)
         self.harness.after_advantages(rollout_id, everyone)
         if self.recorder is not None and self.dist.is_primary:
-            with self.timer("save_rollout_data"):
-                path, size = self.recorder.save(
-                    everyone, rollout_id=rollout_id, weight_version=self.state.weight_version
-                )
-            self.run_dir.event("rollout_recorded", rollout_id=rollout_id, path=str(path), bytes=size)
             candidates = getattr(self.rollout_path, "candidates", None)  # dynamic sampling's every group
-            if candidates:
+            for rid, kept, event in [(rollout_id, everyone, "rollout_recorded")] + [
+                (candidates_rollout_id(rollout_id), candidates, "candidates_recorded")
+            ] * bool(candidates):
                 with self.timer("save_rollout_data"):
-                    path, size = self.recorder.save(candidates, rollout_id=candidates_rollout_id(rollout_id),
-                                                    weight_version=self.state.weight_version)  # fmt: skip
-                self.run_dir.event("candidates_recorded", rollout_id=rollout_id, path=str(path), bytes=size)
+                    path, size = self.recorder.save(
+                        kept, rollout_id=rid, weight_version=self.state.weight_version
+                    )
+                self.run_dir.event(event, rollout_id=rollout_id, path=str(path), bytes=size)
         return everyone
 
     def _save(self, rollout_id: int) -> None:
