@@ -37,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     from grpolab.convert.command import add_convert_parser
 
     add_convert_parser(sub)
+    estimate = sub.add_parser(
+        "estimate",
+        help="before launch: what a run will hold in memory, per component (grpolab estimate memory TRAIN FLAGS)",
+        description="Estimate a run's memory per component (train/estimate.py) from the same flags as grpolab train.",
+    )
+    estimate.add_argument("what", choices=["memory"])
+    estimate.add_argument("train_flags", nargs=argparse.REMAINDER, metavar="TRAIN FLAGS")
     from grpolab.ui.launch import add_ui_parser
 
     add_ui_parser(sub)
@@ -215,6 +222,16 @@ def _dispatch(argv: list[str] | None) -> int:
         from grpolab.checkers.gate_command import run_gate_command
 
         return run_gate_command(args)
+    if args.command == "estimate":
+        train_parser = subcommand_parser(parser, "train")
+        flags = train_parser.parse_args(args.train_flags)
+        try:
+            config = config_from_args(flags)
+        except ValueError as e:
+            train_parser.error(str(e))
+        from grpolab.train.estimate import run_estimate_command
+
+        return run_estimate_command(config)
     if args.command == "convert":
         from grpolab.convert.command import run_convert_command
 

@@ -142,6 +142,7 @@ _READ_ARGS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("check", "parity"): ("prompt_data", "baseline"),
     ("check", "resume"): (),
     ("convert",): ("to_hf", "origin_hf_dir"),
+    ("estimate",): (),
     ("agent", "run"): ("prompt_data",),
     ("diagnose", "hang"): ("run_dir",),
     ("diagnose", "log"): ("files",),
