@@ -21,6 +21,7 @@ user's file:line (core/reward_calls.py's error location), as a reward function d
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,13 +79,22 @@ def load_filter(path: str) -> Callable[..., Any]:
 
     Raises:
         ValueError: naming the flag: no module part, a module that does not import, a missing or
-            non-callable attribute, or an `async def` function (Miles calls filters synchronously).
+            non-callable attribute, an `async def` function (Miles calls filters synchronously), or one
+            that cannot take `(args, samples)` (its signature named).
     """
     fn = import_callable(path, FLAG)
     if is_async(fn):
         raise ValueError(
             f"{FLAG} {path!r}: the filter must be a plain function (Miles calls it synchronously)"
         )
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a C callable): the call will tell
+        return fn
+    try:
+        signature.bind(None, [])
+    except TypeError as e:
+        raise ValueError(f"{FLAG} {path}{signature}: must be `fn(args, samples, **kwargs)` ({e})") from None
     return fn
 
 
@@ -111,5 +121,7 @@ def apply_filter(
         if reason is not None and not isinstance(reason, str):
             raise FilterError(f"{where} returned reason={reason!r}: expected a string or None")
         return DynamicFilterOutput(keep=bool(out.keep), reason=reason)
+    if inspect.iscoroutine(out):
+        out.close()  # never awaited: said here, not as a RuntimeWarning at exit
     raise FilterError(f"{where} returned {type(out).__name__} {str(out)[:80]}: expected a bool or a "
                       "DynamicFilterOutput(keep, reason) (grpolab.rollout.filters)")  # fmt: skip

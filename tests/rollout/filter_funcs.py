@@ -29,3 +29,7 @@ def wrong_shape(args, samples, **kwargs):  # noqa: ANN001, ANN201
 
 async def is_async(args, samples, **kwargs):  # noqa: ANN001, ANN201
     return True
+
+
+def one_argument(samples):  # noqa: ANN001, ANN201
+    return True

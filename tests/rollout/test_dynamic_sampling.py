@@ -119,6 +119,7 @@ def test_a_broken_filter_fails_the_run_naming_it(tmp_path: Path, name: str, mess
         (["--dynamic-sampling-filter-path", "filter_funcs.nothing"], "module 'filter_funcs' has no attribute"),
         (["--dynamic-sampling-filter-path", "no_such_module.fn"], "cannot import module 'no_such_module'"),
         (["--dynamic-sampling-filter-path", "filter_funcs.is_async"], "must be a plain function"),
+        (["--dynamic-sampling-filter-path", "filter_funcs.one_argument"], "must be `fn(args, samples, **kwargs)`"),
         (["--dynamic-sampling-filter-path", NONZERO, "--over-sampling-batch-size", "3"],
          "--over-sampling-batch-size 3 must be >= --rollout-batch-size 4"),
         (["--over-sampling-batch-size", "8"], "--over-sampling-batch-size needs --dynamic-sampling-filter-path"),
