@@ -154,9 +154,9 @@ def engine_rungs(side: Any, prompts: list[list[int]], seeds: list[int], sampling
     return rungs, batch, (None if alone_prefill is None else prefill(batch))
 
 
-def skipped(name: str, note: str) -> Rung:
-    """A rung that could not run (it passes: nothing was compared; `note` says why)."""
-    return Rung(name, "tol", 0, 0, 0.0, None, True, "", note=note, skipped=True)
+def skipped(name: str, note: str, bar: str = "tol") -> Rung:
+    """A rung that could not run (it passes: nothing was compared; `note` says why; `bar` the one it has)."""
+    return Rung(name, bar, 0, 0, 0.0, None, True, "", note=note, skipped=True)
 
 
 def _answers_rung(

@@ -32,10 +32,12 @@ def read_baseline(path: str) -> dict[str, Any]:
         ) from None
     ok = isinstance(report, dict) and isinstance(report.get("environment"), dict)
     rungs = report.get("rungs") if ok else None
-    if not (isinstance(rungs, list) and all(isinstance(r, dict) and "name" in r for r in rungs)):
+    numbers = ("equal", "total", "max_abs")
+    if not (isinstance(rungs, list) and all(isinstance(r, dict) and isinstance(r.get("name"), str)
+                                            and all(_number(r.get(k)) for k in numbers) for r in rungs)):  # fmt: skip
         raise ValueError(
             f"--baseline {path}: expected a `grpolab check parity --json` report (an object with `rungs` and "
-            "`environment`)"
+            "`environment`; each rung a `name` and numbers `equal`, `total`, `max_abs`)"
         )
     return report
 
@@ -62,6 +64,10 @@ def moved_lines(baseline: dict[str, Any], report: dict[str, Any], path: str) -> 
         "model's files and the prompts' contents)"
     ]
     return [f"parity moved since --baseline {path}:", *lines, "what changed (flags, environment):", *env]
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _verdict(rung: dict[str, Any]) -> str:

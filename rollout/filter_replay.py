@@ -83,10 +83,14 @@ def replay_filter(template: str, filter_path: str) -> FilterReplay:
     from grpolab.rollout.filters import apply_filter, load_filter
 
     files = _recordings(template)
-    fn = load_filter(filter_path)
+    fn = load_filter(filter_path, "--filter")
     out = FilterReplay(rollouts=list(files))
     for rollout_id, path in files.items():
         rec = load_rollout(path)
+        if str(rec.rollout_id) not in (str(rollout_id), f"candidates_{rollout_id}"):
+            raise ValueError(
+                f"{path}: its header is rollout {rec.rollout_id!r}, not rollout {rollout_id} (renamed or copied?)"
+            )
         if not str(rec.rollout_id).startswith("candidates_"):
             out.notes.append(
                 f"rollout {rollout_id}: only its kept groups are recorded (no candidates_{rollout_id})"
@@ -97,7 +101,7 @@ def replay_filter(template: str, filter_path: str) -> FilterReplay:
             groups.setdefault(s.group_index, []).append(s)
         for g, members in groups.items():
             fate = members[0].metadata.get(FATE_KEY) or {"fate": "kept", "reason": None}
-            verdict = apply_filter(fn, args, members)
+            verdict = apply_filter(fn, args, members, "--filter")
             was_keep = fate["fate"] != "filtered"
             out.groups += 1
             if verdict.keep != was_keep:

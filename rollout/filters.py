@@ -74,7 +74,7 @@ def check_no_aborted(args: Any, samples: list[Sample], **kwargs: Any) -> Dynamic
     return DynamicFilterOutput(keep=keep, reason=None if keep else "aborted")
 
 
-def load_filter(path: str) -> Callable[..., Any]:
+def load_filter(path: str, flag: str = FLAG) -> Callable[..., Any]:
     """Import `pkg.mod.fn` (`--dynamic-sampling-filter-path`; before the run, by train/preflight.py).
 
     Raises:
@@ -82,10 +82,10 @@ def load_filter(path: str) -> Callable[..., Any]:
             non-callable attribute, an `async def` function (Miles calls filters synchronously), or one
             that cannot take `(args, samples)` (its signature named).
     """
-    fn = import_callable(path, FLAG)
+    fn = import_callable(path, flag)
     if is_async(fn):
         raise ValueError(
-            f"{FLAG} {path!r}: the filter must be a plain function (Miles calls it synchronously)"
+            f"{flag} {path!r}: the filter must be a plain function (Miles calls it synchronously)"
         )
     try:
         signature = inspect.signature(fn)
@@ -94,12 +94,12 @@ def load_filter(path: str) -> Callable[..., Any]:
     try:
         signature.bind(None, [])
     except TypeError as e:
-        raise ValueError(f"{FLAG} {path}{signature}: must be `fn(args, samples, **kwargs)` ({e})") from None
+        raise ValueError(f"{flag} {path}{signature}: must be `fn(args, samples, **kwargs)` ({e})") from None
     return fn
 
 
 def apply_filter(
-    fn: Callable[..., Any], args: argparse.Namespace, group: list[Sample]
+    fn: Callable[..., Any], args: argparse.Namespace, group: list[Sample], flag: str = FLAG
 ) -> DynamicFilterOutput:
     """`fn`'s verdict on one scored group.
 
@@ -107,7 +107,7 @@ def apply_filter(
         FilterError: `fn` raised (its file:line named) or returned something else; the message names the
             function, the group's prompt row and the first sample's index.
     """
-    where = f"{FLAG} {function_name(fn)} on the group of prompt row {group[0].prompt_index}"
+    where = f"{flag} {function_name(fn)} on the group of prompt row {group[0].prompt_index}"
     try:
         out = fn(args, group)
     except Exception as e:

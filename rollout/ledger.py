@@ -11,11 +11,13 @@ group counts, and `rollout/ledger/*`); `record()` is the run's `ledger` event. P
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from grpolab.core.batch import Sample
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]")
 UNSPECIFIED = "unspecified"
 """The reason counted for a group dropped without one."""
 
@@ -60,8 +62,8 @@ class RolloutLedger:
             self.kept.add(group)
             self.truncated_kept += sum(s.truncated for s in group)
             self.kept_lengths += [s.response_length for s in group]
-        elif fate == "filtered":
-            self.filtered.setdefault(reason or UNSPECIFIED, Tally()).add(group)
+        elif fate == "filtered":  # a reason is a metric key's suffix: one line, no slashes or spaces
+            self.filtered.setdefault(_UNSAFE.sub("_", reason or "") or UNSPECIFIED, Tally()).add(group)
         else:
             self.surplus.add(group)
 
@@ -81,12 +83,13 @@ class RolloutLedger:
             "rollout/ledger/kept_tokens": float(self.kept.tokens),
             "rollout/ledger/filtered_tokens": float(filtered_tokens),
             "rollout/ledger/surplus_tokens": float(self.surplus.tokens),
-            "rollout/ledger/generated_per_kept_token": self.generated.tokens / max(self.kept.tokens, 1),
             "rollout/ledger/truncated_generated": float(self.truncated_generated),
             "rollout/ledger/generated_response_len_mean": _mean(self.generated_lengths),
             "rollout/ledger/kept_response_len_mean": _mean(self.kept_lengths),
             "rollout/ledger/never_trained_prompts": float(never_trained),
         })  # fmt: skip
+        if self.kept.tokens:  # no ratio when nothing was kept
+            out["rollout/ledger/generated_per_kept_token"] = self.generated.tokens / self.kept.tokens
         return out
 
     def record(self, never_trained: list[int], never_count: int, epoch: int) -> dict[str, Any]:

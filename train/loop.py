@@ -143,6 +143,17 @@ class GRPORun:
             )
             if hasattr(self.rollout_path, "data_position"):  # dynamic sampling: the prompt stream's position
                 self.rollout_path.data_position = restored.data_position
+            elif restored.data_position != restored.next_rollout_id * (
+                saved_b := (restored.data_identity or {}).get(
+                    "rollout_batch_size", restored.data_position // max(restored.next_rollout_id, 1)
+                )
+            ):
+                raise ValueError(
+                    f"--load: the checkpoint's prompt stream is at position {restored.data_position}, not rollout "
+                    f"{restored.next_rollout_id} x its --rollout-batch-size {saved_b}: it "
+                    "was saved by a run that drew prompts by dynamic sampling; resume with its "
+                    "--dynamic-sampling-filter-path, or this run would train on prompts it already drew"
+                )
 
     def _check_recordings(self) -> None:
         """Before the first rollout: recordings to read exist; recordings to write replace no other run's."""

@@ -11,6 +11,17 @@ import plotly.graph_objects as go
 
 FATE_COLORS = {"kept": "#2ca02c", "surplus": "#7f7f7f"}
 """Bar colours of the two fixed fates; each filter reason gets the next of plotly's reds/oranges."""
+LEDGER_FIELDS = (
+    "rollout_id",
+    "rounds",
+    "generated",
+    "kept",
+    "surplus",
+    "filtered",
+    "epoch",
+    "never_trained_count",
+)
+"""What a `ledger` event holds (rollout/ledger.py `record`); an event without them is left out, counted."""
 REASON_COLORS = ("#d62728", "#ff7f0e", "#e377c2", "#bcbd22", "#8c564b", "#9467bd")
 
 
@@ -18,15 +29,18 @@ def ledger_frame(events: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per (rollout, fate): columns rollout, fate ("kept", "filtered: <reason>", "surplus"),
     groups, samples, tokens (response tokens). Empty when the run has no `ledger` events."""
     rows = []
-    for e in events:
-        if e.get("event") != "ledger":
-            continue
+    for e in ledger_events(events):
         rid = int(e["rollout_id"])
         fates = [("kept", e["kept"]), *((f"filtered: {r}", t) for r, t in e["filtered"].items()),
                  ("surplus", e["surplus"])]  # fmt: skip
         rows += [{"rollout": rid, "fate": fate, **{k: int(t[k]) for k in ("groups", "samples", "tokens")}}
                  for fate, t in fates]  # fmt: skip
     return pd.DataFrame(rows, columns=["rollout", "fate", "groups", "samples", "tokens"])
+
+
+def ledger_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The well-formed `ledger` events (every field of LEDGER_FIELDS present)."""
+    return [e for e in events if e.get("event") == "ledger" and all(k in e for k in LEDGER_FIELDS)]
 
 
 def ledger_summary(events: list[dict[str, Any]]) -> pd.DataFrame:
@@ -40,12 +54,13 @@ def ledger_summary(events: list[dict[str, Any]]) -> pd.DataFrame:
             "kept groups": e["kept"]["groups"],
             "generated tokens": e["generated"]["tokens"],
             "kept tokens": e["kept"]["tokens"],
-            "generated per kept token": e["generated"]["tokens"] / max(e["kept"]["tokens"], 1),
+            "generated per kept token": e["generated"]["tokens"] / e["kept"]["tokens"]
+            if e["kept"]["tokens"]
+            else None,
             "epoch": e["epoch"],
             "never-trained prompts": e["never_trained_count"],
         }
-        for e in events
-        if e.get("event") == "ledger"
+        for e in ledger_events(events)
     ]
     return pd.DataFrame(rows)
 

@@ -125,13 +125,20 @@ def test_a_reordered_reduction_in_one_engine_layer_fails_only_the_bitwise_rung(c
         (["--baseline", "/nonexistent.json"], "--baseline /nonexistent.json: no such file"),
         (["--baseline", "NOTJSON"], "not JSON"),
         (["--baseline", "LIST"], "expected a `grpolab check parity --json` report"),
+        (["--baseline", "NULLMAX"], "numbers `equal`, `total`, `max_abs`"),
         (["--server", "127.0.0.1:30000"], "expected http://HOST:PORT"),
     ],
 )
 def test_bad_input_exits_2(capsys, flags: list[str], message: str, tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "list.json").write_text("[1, 2]")
-    swap = {"NOTJSON": str(tmp_path / "bad.json"), "LIST": str(tmp_path / "list.json")}
+    (tmp_path / "null.json").write_text(json.dumps({"environment": {}, "rungs": [{"name": "x", "equal": 1, "total": 1,
+                                                                                 "max_abs": None}]}))  # fmt: skip
+    swap = {
+        "NOTJSON": str(tmp_path / "bad.json"),
+        "LIST": str(tmp_path / "list.json"),
+        "NULLMAX": str(tmp_path / "null.json"),
+    }
     flags = [swap.get(f, f) for f in flags]
     assert main(["check", "parity", *flags]) == 2
     assert message in capsys.readouterr().err

@@ -64,6 +64,16 @@ def test_the_checkpoint_keeps_the_prompt_streams_position(filtered: Path) -> Non
     assert state["data_position"] == rounds * 6 > 2 * 4
 
 
+def test_resuming_a_filtered_checkpoint_without_the_filter_is_refused(
+    filtered: Path, tmp_path: Path, capsys
+) -> None:
+    """Its prompt stream is past rollout x --rollout-batch-size: a plain run would redraw used prompts."""
+    argv = ["train", *BASE, "--num-rollout", "3", "--load", str(filtered / "ckpt" / "iter_0000002"),
+            "--run-dir", str(tmp_path / "plain")]  # fmt: skip
+    assert main(argv) == 2
+    assert "it was saved by a run that drew prompts by dynamic sampling" in capsys.readouterr().err
+
+
 def test_a_replay_of_a_filtered_run_is_bitwise(filtered: Path, tmp_path: Path) -> None:
     replay = train_short(tmp_path / "replay", *BASE, "--num-rollout", "2", "--load-debug-rollout-data",
                          str(filtered / "{rollout_id}.grz"), "--debug-train-only")  # fmt: skip
@@ -157,6 +167,11 @@ def test_replay_filter_lists_the_groups_another_filter_would_flip(filtered: Path
         assert len(set(flip["rewards"])) == 1  # the zero-std groups the run dropped
     code, strict = _replay_filter(capsys, template, "filter_funcs.keep_nothing")
     assert code == 1 and len(strict["flips"]) == generated - dropped
+    other = filtered / "copied"
+    other.mkdir()
+    (other / "candidates_5.grz").write_bytes((filtered / "candidates_1.grz").read_bytes())  # a renamed copy
+    assert main(["replay", "filter", str(other / "{rollout_id}.grz"), "--filter", NONZERO]) == 2
+    assert "its header is rollout 'candidates_1', not rollout 5" in capsys.readouterr().err
     assert {f["now"] for f in strict["flips"]} == {"drop (never)"}
 
 

@@ -19,6 +19,9 @@ if runs and not with_ledger:
 run = state.pick_run("Run", with_ledger, key="sampling_run")
 if run is not None:
     events = ledgers[run]
+    broken = sum(e.get("event") == "ledger" for e in events) - len(ledger_view.ledger_events(events))
+    if broken:
+        st.warning(f"{broken} ledger event(s) of this run lack fields and are left out.")
     frame = ledger_view.ledger_frame(events)
     st.plotly_chart(ledger_view.ledger_figure(frame), key="sampling_tokens")
     st.dataframe(ledger_view.ledger_summary(events), hide_index=True, width="stretch", key="sampling_summary")
