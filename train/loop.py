@@ -143,11 +143,9 @@ class GRPORun:
             )
             if hasattr(self.rollout_path, "data_position"):  # dynamic sampling: the prompt stream's position
                 self.rollout_path.data_position = restored.data_position
-            elif restored.data_position != restored.next_rollout_id * (
-                saved_b := (restored.data_identity or {}).get(
-                    "rollout_batch_size", restored.data_position // max(restored.next_rollout_id, 1)
-                )
-            ):
+            elif (saved_b := (restored.data_identity or {}).get("rollout_batch_size")) is not None and (
+                restored.data_position != restored.next_rollout_id * saved_b
+            ):  # a checkpoint without a data identity predates dynamic sampling
                 raise ValueError(
                     f"--load: the checkpoint's prompt stream is at position {restored.data_position}, not rollout "
                     f"{restored.next_rollout_id} x its --rollout-batch-size {saved_b}: it "
@@ -293,7 +291,7 @@ class GRPORun:
             rollout_id, num_rollout=num, save_interval=ckpt.save_interval, exit_after=exit_after
         ):
             return
-        nxt = self.state.next_rollout_id
+        nxt, schedule = self.state.next_rollout_id, self.cfg.lr_schedule()
         state = checkpoint.TrainerState(
             next_rollout_id=nxt,
             data_position=getattr(self.rollout_path, "data_position", None)
@@ -302,8 +300,8 @@ class GRPORun:
             model_fingerprint=self.fingerprint,
             data_identity=self.data.to_dict(),
             hf_checkpoint=self.cfg.model.hf_checkpoint,
-            lr_schedule=self.cfg.lr_schedule().as_dict(),
-            next_lr=self.cfg.lr_schedule().lr_at(actor.scheduler.last_epoch if actor.scheduler else 0),
+            lr_schedule=schedule.as_dict(),
+            next_lr=schedule.lr_at(actor.scheduler.last_epoch if actor.scheduler else 0),
         )
         with self.timer("save_model"):
             start = time.perf_counter()
