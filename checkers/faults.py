@@ -14,6 +14,13 @@ rank only, a genuine hang, or an engine that stops under a live trainer. These a
 | `stop_engine_at_end`     | `end_of_rollout`     | call the `on_stop_engine` callback (the engine shutdown)      |
 | `skip_weight_sync`       | `weight_sync`        | returned to the loop, which skips the sync after the rollout  |
 |                          |                      | but counts its version as acknowledged (a lost update)        |
+| `kill_engine_in_train`   | `train`              | SIGKILL engine 0 of the launched fleet (`on_kill_engine`)     |
+| `kill_engine_in_rollout` | `rollout`            | SIGKILL engine 0 once the rollout's requests reached it       |
+
+The two kill actions test `--use-fault-tolerance` (Miles' rollout-side injector crashes one engine once):
+killed while the trainer trains, the engine is found dead by the next call (the weight sync, its memory
+released); killed in a rollout,
+every request it held is unanswered and is sent again once it is back.
 
 `skip_weight_sync` makes a stale engine: it keeps generating with the weights of the sync before, while
 the trainer believes the engine holds the new version, so the weight-version check
@@ -46,14 +53,17 @@ from grpolab.core.config.validation import register_value_check
 FLAG = "--ci-ft-test-actions"
 NOTICE_PREFIX = "[grpolab fault] injecting "
 """How the line announcing a fault starts (the log doctor's `fault_injected` rule looks for it)."""
-FAULT_POINTS = ("before_allreduce", "train", "end_of_rollout", "weight_sync")
+FAULT_POINTS = ("before_allreduce", "train", "end_of_rollout", "weight_sync", "rollout")
 ACTION_POINTS = {
     "crash_before_allreduce": "before_allreduce",
     "raise_in_train": "train",
     "sleep_forever_at_end": "end_of_rollout",
     "stop_engine_at_end": "end_of_rollout",
     "skip_weight_sync": "weight_sync",
+    "kill_engine_in_train": "train",
+    "kill_engine_in_rollout": "rollout",
 }
+_KILLS = {"kill_engine_in_train", "kill_engine_in_rollout"}
 # Actions after which the rank does not carry on normally; at one point they fire after the others.
 _TERMINAL = {"crash_before_allreduce", "raise_in_train", "sleep_forever_at_end"}
 _MILES_ONLY = {
@@ -188,6 +198,19 @@ def check_reachable(actions: Sequence[FaultAction], num_rollout: int) -> None:
             )
 
 
+def check_kills_have_a_fleet(actions: Sequence[FaultAction], launches_engines: bool) -> None:
+    """Refuse a kill_engine_* action on a run that launches no engines (`--rollout-num-engines`).
+
+    Raises:
+        ValueError: naming `--ci-ft-test-actions`, the item and the action.
+    """
+    for index, action in enumerate(actions):
+        if action.action in _KILLS and not launches_engines:
+            _fail(
+                f"item {index}: ", f"{action.action} needs engines the run launches (--rollout-num-engines N)"
+            )
+
+
 def sleep_forever_injected() -> NoReturn:
     """Block forever (`time.sleep(3600)` in a loop): the `sleep_forever_at_end` hang.
 
@@ -227,6 +250,7 @@ class FaultInjector:
         rank: int,
         *,
         on_stop_engine: Callable[[], None] | None = None,
+        on_kill_engine: Callable[[bool], None] | None = None,
         on_fire: Callable[[FaultAction, int], None] | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -235,6 +259,8 @@ class FaultInjector:
             actions: all parsed actions (every rank's); only those with `rank == rank` fire here.
             rank: this process's global rank.
             on_stop_engine: shuts the engine down; required when this rank has `stop_engine_at_end`.
+            on_kill_engine: SIGKILLs engine 0 of the fleet, at once (False) or once the rollout's requests
+                reached it (True); required when this rank has a kill action.
             on_fire: called with (action, rollout_id) just before an action takes effect (even before
                 `os._exit`), e.g. to append a `fault` event to events.jsonl.
             world_size: when given, an action whose rank is >= world_size is an error (it would
@@ -244,7 +270,7 @@ class FaultInjector:
             ValueError: naming `--ci-ft-test-actions` and the item, for the two cases above.
         """
         self.rank = rank
-        self._on_stop_engine = on_stop_engine
+        self._on_stop_engine, self._on_kill_engine = on_stop_engine, on_kill_engine
         self._on_fire = on_fire
         self._mine: list[tuple[int, FaultAction]] = []
         self._fired: set[int] = set()
@@ -258,6 +284,11 @@ class FaultInjector:
                 continue
             if action.action == "stop_engine_at_end" and on_stop_engine is None:
                 _fail(f"item {index}: ", "stop_engine_at_end needs a running engine, and this run has none")
+            if action.action in _KILLS and on_kill_engine is None:
+                _fail(
+                    f"item {index}: ",
+                    f"{action.action} needs engines the run launches (--rollout-num-engines N)",
+                )
             self._mine.append((index, action))
 
     def pending(self) -> list[FaultAction]:
@@ -309,6 +340,9 @@ class FaultInjector:
         if action.action == "stop_engine_at_end":
             assert self._on_stop_engine is not None
             self._on_stop_engine()
+        if action.action in _KILLS:
+            assert self._on_kill_engine is not None
+            self._on_kill_engine(action.action == "kill_engine_in_rollout")
 
 
 register_value_check(FLAG, lambda text, flag: parse_fault_actions(text))  # config validation's hook

@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from grpolab.core.engine.base import ChecksWeights, capability
+from grpolab.core.engine.weight_bucket import tensor_checksum
 from grpolab.serve.http import bool_field, error_response, read_object
 from grpolab.serve.state import MEMORY_TAGS, ServerState
 
@@ -264,8 +265,7 @@ def checksums(state: ServerState) -> dict[str, str]:
     for name, tensor in state.engine.model.state_dict().items():
         if any(s in name for s in CHECKSUM_SKIP):
             continue
-        data = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
-        out[name] = hashlib.sha256(data).hexdigest()[:16]
+        out[name] = tensor_checksum(tensor)
     return out
 
 

@@ -29,7 +29,6 @@ from grpolab.core import checkpoint
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.dist import DistContext, all_gather_objects, shutdown
-from grpolab.core.engine.base import Stoppable, capability
 from grpolab.core.evaluation import evaluate
 from grpolab.core.interrupts import hold_interrupts, interrupt_on_sigterm, restore_handlers
 from grpolab.core.metrics import PhaseTimer, RunSummary
@@ -42,6 +41,7 @@ from grpolab.replay.paths import eval_rollout_id
 from grpolab.rollout import assign_advantages, candidates_rollout_id, check_recordings, planned_rollout_ids
 from grpolab.rollout.central import join_weight_sync, joins_engine_of_rank_zero
 from grpolab.rundir.writer import RunDirectory
+from grpolab.train.engine_faults import kill_engine, restart_metrics, stop_engine
 from grpolab.train.preflight import check_inputs
 from grpolab.train.run_end import close_engine, end_run_with_error
 from grpolab.train.startup import build_parts, open_run, resume
@@ -74,7 +74,12 @@ class GRPORun:
             parse_fault_actions(config.ci.ci_ft_test_actions or "[]"),
             rank=self.dist.rank,
             world_size=self.dist.world_size,
-            on_stop_engine=None if config.debug.debug_train_only else self._stop_engine,
+            on_stop_engine=None
+            if config.debug.debug_train_only
+            else lambda: stop_engine(self.engine, run_dir),
+            on_kill_engine=(lambda when_queued: kill_engine(self.engine, when_queued))
+            if config.rollout.rollout_num_engines
+            else None,
             on_fire=self._record_fault,
         )
         parts = build_parts(config, run_dir, self.dist, self.timer)
@@ -200,6 +205,7 @@ class GRPORun:
                 )
         except BaseException as e:
             hold_interrupts()  # a second SIGTERM/SIGINT must not cut the status write short
+            restart_metrics(self.engine, self.run_dir)  # --use-fault-tolerance: restarts not yet reported
             self.profiling.on_error(e, self.state.next_rollout_id)  # a CUDA OOM dumps the torch snapshot
             end_run_with_error(self.run_dir, e, self.state.next_rollout_id)
             raise
@@ -259,6 +265,7 @@ class GRPORun:
     def _rollout(self, rollout_id: int) -> list[Sample]:
         """This rank's samples, generated (or replayed); then the engine's memory goes to the trainer."""
         self.run_dir.heartbeat("rollout", rollout_id)
+        self.faults.maybe_fire("rollout", rollout_id)
         samples = self.rollout_path.rollout(rollout_id)
         if self.rollout_path.generates and self.state.engine_version is not None:  # generated, synced
             self.harness.after_generate(rollout_id, samples, self.state.engine_version, self._gather)
@@ -385,15 +392,6 @@ class GRPORun:
         """A fault about to fire: an event (rank 0) and the firing rank's heartbeat, which every rank writes."""
         self.run_dir.event("fault", action=action.action, rollout_id=rollout_id, rank=action.rank)
         self.run_dir.heartbeat(f"fault:{action.action}", rollout_id)
-
-    def _stop_engine(self) -> None:
-        """The `stop_engine_at_end` fault. Raises RuntimeError when the engine cannot be shut down."""
-        reason = "fault injection stop_engine_at_end"
-        engine = capability(self.engine, Stoppable)
-        if engine is None:
-            raise RuntimeError(f"--ci-ft-test-actions: {reason}: this run's engine cannot be shut down")
-        engine.shutdown(reason=reason)
-        self.run_dir.event("engine_stopped", reason=reason)
 
 
 def _release_save_lock(config: Config) -> None:

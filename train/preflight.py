@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import grpolab.checkers.grad_norm  # noqa: F401  (registers its value checks, as faults and paths do)
 import grpolab.replay.paths  # noqa: F401  (config validation runs them: core/config/validation.py)
-from grpolab.checkers.faults import check_reachable, parse_fault_actions
+from grpolab.checkers.faults import check_kills_have_a_fleet, check_reachable, parse_fault_actions
 from grpolab.core.data import check_rows, prompt_file, read_rows_and_lines
 from grpolab.core.model_files import (
     check_model,
@@ -79,12 +79,15 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     check_train_forward(config.model.train_forward, config.model.hf_checkpoint)
     check_response_length(config)
     if config.ci.ci_ft_test_actions is not None:
-        check_reachable(parse_fault_actions(config.ci.ci_ft_test_actions), config.rollout.num_rollout)
+        actions = parse_fault_actions(config.ci.ci_ft_test_actions)
+        check_reachable(actions, config.rollout.num_rollout)
+        check_kills_have_a_fleet(actions, launches_engines=config.rollout.rollout_num_engines > 0)
     check_padding_id(config)
     check_chat_template(config)
     check_prompt_data(config)
     check_reward(config)
     check_dynamic_sampling(config, world_size)
+    check_fault_tolerance(config, world_size)
     load_tools(config.agent)  # --generate-execute-tool-function-path imports, its specs are tool specs
     load_episode_function(config.agent)  # --custom-generate-function-path / --custom-agent-function-path
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
@@ -281,6 +284,24 @@ def check_dynamic_sampling(config: Config, world_size: int) -> None:
         raise ValueError(f"{FLAG} runs on one rank: {world_size} ranks would have to agree on the groups they "
                          "keep (drop --nproc-per-node)")  # fmt: skip
     load_filter(path)
+
+
+def check_fault_tolerance(config: Config, world_size: int) -> None:
+    """`--use-fault-tolerance` runs where a restarted engine can get the trainer's weights: one rank (rank 0
+    alone reads them while the others generate nothing to wait on; on more ranks reading them is a
+    collective) and a trainer (`--debug-rollout-only` has none).
+
+    Raises:
+        ValueError: naming the flag and why.
+    """
+    if not config.rollout.use_fault_tolerance:
+        return
+    if world_size > 1:
+        raise ValueError(f"--use-fault-tolerance runs on one rank: a restarted engine is loaded with rank 0's "
+                         f"weights, which {world_size} ranks gather together (drop --nproc-per-node)")  # fmt: skip
+    if config.debug.debug_rollout_only:
+        raise ValueError("--use-fault-tolerance loads a restarted engine with the trainer's weights, and "
+                         "--debug-rollout-only builds no trainer")  # fmt: skip
 
 
 def check_reward(config: Config) -> None:

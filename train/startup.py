@@ -26,7 +26,7 @@ from grpolab.core.config import Config
 from grpolab.core.data import PromptDataset, check_context_room, check_model_room
 from grpolab.core.data_identity import DataIdentity, data_identity
 from grpolab.core.dist import DistContext, all_gather_objects, barrier, init_distributed
-from grpolab.core.engine.base import RolloutEngine, SamplingParams
+from grpolab.core.engine.base import RestartsEngines, RolloutEngine, SamplingParams, capability
 from grpolab.core.engine.factory import build_engine
 from grpolab.core.lr_schedule import LRSchedule, resume_mismatch
 from grpolab.core.metrics import PhaseTimer
@@ -145,6 +145,8 @@ def build_parts(config: Config, run_dir: RunDirectory, dist: DistContext, timer:
         log.info(f"{name}: {data.path} ({len(data)} rows)")
     engine = _build_engine(cfg) if builds_engine(cfg, dist) else None  # rollout/central.py
     actor = None if debug.debug_rollout_only else _build_actor(cfg, dist)
+    if cfg.rollout.use_fault_tolerance and engine is not None and actor is not None:
+        _attach_restarter(cfg, engine, actor)
     rollout = cfg.rollout
     sampling = SamplingParams(
         temperature=rollout.rollout_temperature,
@@ -260,6 +262,18 @@ def _build_engine(cfg: Config) -> RolloutEngine:
     model, kind = cfg.model, cfg.rollout.rollout_engine
     log.info(f"building the rollout engine: {kind}, {model.rollout_dtype} on {model.device}")
     return build_engine(cfg)
+
+
+def _attach_restarter(cfg: Config, engine: RolloutEngine, actor: Actor) -> None:
+    """--use-fault-tolerance: the fleet's engines restart with the trainer's weights (core/engine/restart.py)."""
+    from grpolab.core.engine.restart import WeightSource
+
+    fleet = capability(engine, RestartsEngines)
+    assert fleet is not None  # --use-fault-tolerance needs --rollout-num-engines (RolloutConfig)
+    source = WeightSource(named=actor.named_weights, buffer_bytes=cfg.colocate.update_weight_buffer_size)
+    fleet.enable_fault_tolerance(source, max_restarts=cfg.rollout.max_engine_restarts)
+    log.info(f"--use-fault-tolerance: an engine that exits is restarted (at most {cfg.rollout.max_engine_restarts} "
+             "times), loaded with the trainer's weights and checked before it rejoins the router")  # fmt: skip
 
 
 def _build_actor(cfg: Config, dist: DistContext) -> Actor:

@@ -16,6 +16,7 @@ from grpolab.core.engine.base import ReportsStats, capability
 from grpolab.core.metrics import PhaseTimer, RunSummary, format_line, perf_metrics, summary_row
 from grpolab.monitor import Monitor
 from grpolab.rundir.writer import RunDirectory
+from grpolab.train.engine_faults import restart_metrics
 
 log = logging.getLogger("grpolab")
 
@@ -76,6 +77,7 @@ class StepReporter:
         perf = perf_metrics(
             self.timer.pop(), step_seconds=time.perf_counter() - start, engine_stats=engine_stats
         )
+        perf.update(restart_metrics(engine, self.run_dir))  # --use-fault-tolerance
         self.emit("perf", rollout_id, perf)
         log.info(summary_row(rollout_id, self.num_rollout, line, steps, perf))
         self.summary.add(rollout_id, line, steps)

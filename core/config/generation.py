@@ -160,6 +160,16 @@ class RolloutConfig:
     sglang_router_request_timeout_secs: float = 600.0
     """Seconds one /generate request may take (the router's --request-timeout-secs; the trainer's own
     HTTP timeout); a request that takes longer counts as an engine failure."""
+    use_fault_tolerance: bool = False
+    """Restart an engine of the launched fleet (--rollout-num-engines) that exits: it is loaded with the
+    trainer's current weights and checked (weight version and every tensor's checksum) before it rejoins
+    the router, and the requests it left unanswered are sent again (core/engine/restart.py)."""
+    ft_components: str = "rollout"
+    """What --use-fault-tolerance watches and replaces: rollout (the engines; Miles' train component needs
+    Megatron's independent data-parallel groups, which grpolab does not have)."""
+    max_engine_restarts: int = 3
+    """With --use-fault-tolerance: how many engine restarts the whole run may make; past it, a dead engine
+    fails the run as without fault tolerance."""
 
     def __post_init__(self) -> None:
         require(
@@ -218,6 +228,20 @@ class RolloutConfig:
         require(port is None or 1 <= port <= 65535, f"--sglang-router-port must be in 1..65535, got {port}")
         timeout = self.sglang_router_request_timeout_secs
         require(timeout > 0, f"--sglang-router-request-timeout-secs must be > 0, got {timeout}")
+        require(
+            self.ft_components == "rollout",
+            f"--ft-components {self.ft_components}: grpolab has rollout fault tolerance only (Miles' train "
+            "component needs Megatron's independent data-parallel groups)",
+        )
+        require(
+            self.max_engine_restarts >= 1,
+            f"--max-engine-restarts must be >= 1, got {self.max_engine_restarts}",
+        )
+        require(
+            not self.use_fault_tolerance or self.rollout_num_engines > 0,
+            "--use-fault-tolerance needs --rollout-num-engines N: grpolab restarts only the engines it launched"
+            + (" (--sglang-router-ip names a running fleet)" if self.sglang_router_ip is not None else ""),
+        )
         if self.uses_servers and self.rollout_engine == "torch":
             self.rollout_engine = "sglang"
         require(

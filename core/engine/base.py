@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: `grpolab serve --help` and the CLI parser import this module
     import torch
@@ -214,6 +214,24 @@ class Stoppable(Protocol):
 
     def shutdown(self, reason: str = "shutdown() was called") -> None:
         """Stop the engine; `reason` appears in its log and in later errors."""
+        ...
+
+
+@runtime_checkable
+class RestartsEngines(Protocol):
+    """An engine over launched engine processes that can restart one that exits (--use-fault-tolerance)."""
+
+    def enable_fault_tolerance(self, source: Any, *, max_restarts: int) -> None:
+        """Restart an engine that exits (at most `max_restarts` times in the run), loading it from `source`
+        (a `restart.WeightSource`), instead of failing the call."""
+        ...
+
+    def take_restarts(self) -> list[Any] | None:
+        """The `restart.RestartRecord`s since the last call; None without fault tolerance."""
+        ...
+
+    def kill_engine(self, i: int, *, when_queued: bool = False) -> None:
+        """SIGKILL engine `i` now, or once the next call's requests reached the engines (faults for tests)."""
         ...
 
 

@@ -191,6 +191,8 @@ class Fleet:
     def __init__(self, router: FleetProcess, engines: list[FleetProcess]) -> None:
         self.router, self.engines = router, engines
         self.router_url = router.url
+        self.serve_argv: list[str] = []  # how `launch` started each engine (`relaunch` starts it again)
+        self.dtype = "float32"  # the engines' --dtype
         self._closed = False
         atexit.register(self.close)
 
@@ -241,6 +243,7 @@ class Fleet:
         router = _spawn("router", router_argv, Path(run_dir) / "router.log")
         router.url = f"http://{ROUTER_HOST}:{port}"
         fleet = cls(router, engines)
+        fleet.serve_argv, fleet.dtype = serve, dtype
         try:
             deadline = time.monotonic() + startup_timeout_s
             for engine in engines:
@@ -253,6 +256,55 @@ class Fleet:
             fleet.close()
             raise
         return fleet
+
+    def relaunch(self, i: int, *, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> FleetProcess:
+        """Start engine `i` again after its process exited: the same `grpolab serve` argv, its log appended
+        (`RUN_DIR/engines/<i>.log`), a new port; returns it once it listens (`url` set).
+
+        Raises:
+            FleetError: engine `i` is still running, or the new process exited or did not listen within
+                `startup_timeout_s` (its log tail quoted; the process stays in the fleet for `close`).
+        """
+        old = self.engines[i]
+        if old.exited() is None:
+            raise FleetError(f"{old.name} ({old.url}) is still running: only an exited engine is relaunched")
+        new = self.engines[i] = _spawn(old.name, self.serve_argv, old.log_path)
+        new.url = _wait_listening(new, time.monotonic() + startup_timeout_s, startup_timeout_s)
+        return new
+
+    def kill(self, i: int) -> None:
+        """SIGKILL engine `i`'s process group and reap it (the kill_engine_* faults of --ci-ft-test-actions)."""
+        proc = self.engines[i].proc
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+
+    def unregister(self, url: str) -> bool:
+        """Take the engine at `url` out of the router (`GET /workers` for its id, `DELETE /workers/{id}`), so
+        that no request is routed to it; False when the router does not list it.
+
+        Raises:
+            HttpCallError: the router did not answer.
+        """
+        answer = call_json("GET", self.router_url + "/workers", None, timeout=10) or {}
+        ids = [w.get("id") for w in answer.get("workers", []) if w.get("url") == url and w.get("id")]
+        for worker_id in ids:
+            call_json("DELETE", f"{self.router_url}/workers/{worker_id}", None, timeout=10)
+        deadline = time.monotonic() + 30
+        while ids and time.monotonic() < deadline:  # removal is an async job too
+            answer = call_json("GET", self.router_url + "/workers", None, timeout=10) or {}
+            if not any(w.get("url") == url for w in answer.get("workers", [])):
+                break
+            time.sleep(0.1)
+        return bool(ids)
+
+    def register(self, url: str, *, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        """Register the engine at `url` with the router (`POST /workers`) and wait until it is listed healthy.
+
+        Raises:
+            HttpCallError: the router did not answer; FleetError: it did not list `url` healthy in time.
+        """
+        call_json("POST", self.router_url + "/workers", {"url": url}, timeout=30)
+        _wait_registered(self.router, [url], time.monotonic() + timeout_s, timeout_s)
 
     def failure_log(self, i: int, n: int) -> list[str]:
         """About `n` lines explaining engine `i`'s failure: its last log lines ("[engines/i.log] ...", without

@@ -21,7 +21,9 @@ retries until `--engine-failure-timeout`. A rollout more than `HEALTH_FRESH_S` a
 one (or after a failure) first needs every engine to pass `/health_generate` (Miles' health monitor); the
 /generate calls go out together over kept-alive connections (`http_pool`, libcurl); while requests run, an engine process of the fleet that
 exits fails the call at once instead of waiting for the request timeout, and since a launched process
-cannot come back, as `client.EngineGoneError`: the run fails at once, not after --engine-failure-timeout.
+cannot come back, as `client.EngineGoneError`: the run fails at once, not after --engine-failure-timeout
+(with --use-fault-tolerance it is restarted and checked first, `restart.py`, and the call is repeated:
+`EngineRestarted`; a generate call then sends only its unanswered requests, each to the same target).
 No health, control or info call waits longer than --engine-failure-timeout, and while /generate
 requests run (legitimately long) `liveness.LivenessWatch` probes every engine's `/server_info`; one
 that has not answered for --engine-failure-timeout seconds is hung, and fails the call as gone (named, URL).
@@ -49,10 +51,17 @@ from grpolab.core.engine.fleet import Fleet
 from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError, call_json
 from grpolab.core.engine.http_pool import KeepAlivePool
 from grpolab.core.engine.liveness import LastAnswers, LivenessWatch
+from grpolab.core.engine.restart import Restarter, RestartRecord, WeightSource
 from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer, parse_mismatches, request_rid
 from grpolab.core.engine.weight_bucket import bucket_on_disk
 
 log = logging.getLogger("grpolab")
+
+
+class EngineRestarted(RuntimeError):
+    """A launched engine exited and was restarted and checked (--use-fault-tolerance): the call that found it
+    is repeated by `client.EngineClient` (a generate call sends only the requests not yet answered)."""
+
 
 CONTROL_TIMEOUT_S = 120.0
 """Seconds a control call (weights, memory, cache, checker) may take, at most --engine-failure-timeout
@@ -117,12 +126,14 @@ class HttpEngine:
         self._stopped: str | None = None
         self._stats = {"tokens": 0.0, "seconds": 0.0, "tokens_per_s": 0.0}
         self._suspect: int | None = None  # the engine that failed last, for log_tail
-        self._round_robin = itertools.count()
         self._session = uuid.uuid4().hex[:12]  # rids: unique per engine object, numbered per call
         self._calls = itertools.count()
         self._requests: KeepAlivePool | None = None  # /generate calls (kept-alive; see _send_all)
         self._answered_at: float | None = None  # when the last rollout's requests were all answered
         self._answers = LastAnswers()  # when each engine last answered (failures are timed from there)
+        self.restarter: Restarter | None = None  # --use-fault-tolerance (`enable_fault_tolerance`)
+        self._partial: tuple[object, dict[int, object]] = (None, {})  # a failed call's answers, by request
+        self._kill_when_queued: int | None = None  # the kill_engine_in_rollout fault: this engine
 
     @property
     def name(self) -> str:
@@ -144,16 +155,24 @@ class HttpEngine:
             HttpCallError / RuntimeError: an engine or the router failed, or a fleet process exited.
         """
         self._check_usable()
+        key = (params, [(r.prompt_ids, r.seed) for r in requests])
+        retry = self._partial[0] == key  # the call a restart interrupted, repeated by the client
+        kept, self._partial = (self._partial[1] if retry else {}), (None, {})
         self._check_health_unless_fresh()
         start = time.perf_counter()
-        direct = params.filters_support  # the router drops return_sampling_mask (module docstring)
-        targets = [self._target(direct) for _ in requests]
         call = next(self._calls)
-        bodies = [
-            generate_body(r, params, rid=request_rid(self._session, call, i)) for i, r in enumerate(requests)
-        ]
-        answers = self._send_all(targets, bodies)
-        results = [parse_generate_answer(a, params, self.weight_version) for a in answers]
+        todo = [i for i in range(len(requests)) if i not in kept]  # a call retried after a restart: the rest
+        bodies = {
+            i: generate_body(requests[i], params, rid=request_rid(self._session, call, i)) for i in todo
+        }
+        if retry and self.restarter is not None and self.restarter.done:
+            self.restarter.done[-1].retried_requests += len(todo)
+        try:
+            self._send_all(bodies, params.filters_support, kept)
+        except EngineRestarted:
+            self._partial = (key, kept)  # what was answered before the engine died is not asked again
+            raise
+        results = [parse_generate_answer(kept[i], params, self.weight_version) for i in range(len(requests))]
         seconds = time.perf_counter() - start
         tokens = float(sum(len(r.response_ids) for r in results))
         self._stats = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9)}
@@ -171,15 +190,15 @@ class HttpEngine:
             return
         self.check_health()
 
-    def _target(self, direct: bool) -> str:
-        if not direct:
-            return self.router_url
-        return self.engine_urls[next(self._round_robin) % len(self.engine_urls)]
+    def _target(self, direct: bool, i: int) -> str:
+        """Request `i`'s URL: the router, or with `direct` engine i mod N (the same engine for the same
+        request when a call is retried, so each engine decodes the batch it would have)."""
+        return self.engine_urls[i % len(self.engine_urls)] if direct else self.router_url
 
-    def _send_all(self, targets: list[str], bodies: list[dict]) -> list[object]:
-        """POST every body (all in flight at once through the kept-alive pool); fail at the first error or
-        when a fleet process exits. A failed rollout drops the pool: its calls still in flight must not
-        delay the retry's."""
+    def _send_all(self, bodies: dict[int, dict], direct: bool, answers: dict[int, object]) -> None:
+        """POST every body (request index → body; all in flight at once through the kept-alive pool) and put
+        each answer in `answers`, by index; fail at the first error or when a fleet process exits. A failed
+        rollout drops the pool: its calls still in flight must not delay the retry's."""
         pool = self._requests
         if pool is None or pool.closed:
             pool = self._requests = KeepAlivePool(MAX_IN_FLIGHT)
@@ -188,12 +207,17 @@ class HttpEngine:
         try:
             if gate:
                 self._each_engine("POST", "/pause_generation", {"mode": "in_place"})
-            futures: list[Future] = [
-                pool.submit("POST", t + "/generate", b, timeout=self.request_timeout_s)
-                for t, b in zip(targets, bodies)
-            ]
+            futures: dict[Future, int] = {
+                pool.submit(
+                    "POST", self._target(direct, i) + "/generate", b, timeout=self.request_timeout_s
+                ): i
+                for i, b in bodies.items()
+            }
             if gate:
-                self._await_queued(len(bodies), pool, futures)
+                self._await_queued(len(bodies), pool, list(futures))
+                if self._kill_when_queued is not None:  # the kill_engine_in_rollout fault
+                    self.fleet.kill(self._kill_when_queued)
+                    self._kill_when_queued = None
                 gate = False
                 self._each_engine("POST", "/continue_generation", {})
             pending = set(futures)
@@ -204,10 +228,10 @@ class HttpEngine:
                         if isinstance(error, HttpCallError):  # nothing answered: a dead engine first
                             self._after_failed_call(error)
                         raise error
+                    answers[futures[f]] = f.result()
                 self._check_processes()
                 self._watch_liveness()
             ok = True
-            return [f.result() for f in futures]
         finally:
             self._end_watch()
             if gate:  # failed while holding: let the engines generate again
@@ -298,6 +322,38 @@ class HttpEngine:
                     raise
                 mismatches += parse_mismatches(str(e), engine=i, quoted=MAX_QUOTED)
         return mismatches
+
+    # ------------------------------------------------------------------ fault tolerance
+    def enable_fault_tolerance(self, source: WeightSource, *, max_restarts: int) -> None:
+        """--use-fault-tolerance: restart a launched engine that exits (`restart.Restarter`: loaded from
+        `source` and checked before it rejoins the router) instead of failing the call.
+
+        Raises:
+            ValueError: this engine did not launch its fleet (an already running one cannot be restarted),
+                or `max_restarts` < 1.
+        """
+        if self.fleet is None:
+            raise ValueError(
+                "--use-fault-tolerance needs --rollout-num-engines: grpolab restarts only engines it launched"
+            )
+        self.restarter = Restarter(self.fleet, max_restarts=max_restarts, source=source)
+
+    def take_restarts(self) -> list[RestartRecord] | None:
+        """The restarts since the last call; None without --use-fault-tolerance."""
+        return self.restarter.take() if self.restarter is not None else None
+
+    def kill_engine(self, i: int, *, when_queued: bool = False) -> None:
+        """The kill_engine_* faults: SIGKILL engine `i` now, or once the next call's requests reached the engines.
+
+        Raises:
+            ValueError: this engine did not launch its fleet, or has no engine `i`.
+        """
+        if self.fleet is None or not 0 <= i < len(self.fleet.engines):
+            raise ValueError(f"no launched engine {i} to kill (--rollout-num-engines launches the fleet)")
+        if when_queued:
+            self._kill_when_queued = i
+        else:
+            self.fleet.kill(i)
 
     # ------------------------------------------------------------------ health, logs, stop
     def check_health(self) -> None:
@@ -392,9 +448,16 @@ class HttpEngine:
             time.sleep(0.05)
             dead = self.fleet.dead()
         if dead:
+            what = dead[0].describe_exit() + self._answer_note(answer)
             if dead[0] in self.fleet.engines:
                 self._suspect = self.fleet.engines.index(dead[0])
-            raise EngineGoneError(dead[0].describe_exit() + self._answer_note(answer))
+                if self.restarter is not None:  # --use-fault-tolerance: back, checked, or gone
+                    record = self.restarter.bring_back(
+                        self._suspect, what, weight_version=self.weight_version, released=self.memory_released
+                    )
+                    self.engine_urls[self._suspect] = record.new_url
+                    raise EngineRestarted(f"{what}; {record.describe()}")
+            raise EngineGoneError(what)
 
     def _after_failed_call(self, error: HttpCallError | None) -> None:
         """EngineGoneError when a fleet process exited, quoting `error`; waits `EXIT_GRACE_S` for one to be

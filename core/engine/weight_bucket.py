@@ -52,3 +52,13 @@ def bucket_on_disk(named_tensors: list[tuple[str, torch.Tensor]]) -> Iterator[Pa
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def tensor_checksum(tensor: torch.Tensor) -> str:
+    """The first 16 hex digits of the sha256 of `tensor`'s bytes (contiguous, on CPU, in its own dtype):
+    what `grpolab serve`'s `/weights_checker` "checksum" reports per tensor, and what a restarted
+    engine's tensors must equal (`restart.check_restarted`)."""
+    import hashlib
+
+    data = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]

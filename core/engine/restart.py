@@ -1,0 +1,211 @@
+"""Rollout fault tolerance (`--use-fault-tolerance`): a dead engine of a launched fleet comes back only with
+the trainer's weights, checked, before the router sends it a request.
+
+The order matters (Miles #1724: a recovered engine joined the router before it had the current weights,
+and served the checkpoint's weights under the run's version):
+
+1. the dead engine's URL leaves the router (`Fleet.unregister`: `DELETE /workers/{id}`);
+2. its process is launched again (`Fleet.relaunch`: the same `grpolab serve` argv, a new port);
+3. the trainer's current weights are loaded into it, in the buckets of a sync (`--update-weight-buffer-size`
+   bytes, `/update_weights_from_disk` with the current weight version);
+4. it is checked (`check_restarted`): `/model_info`'s `weight_version` is the trainer's, and
+   `/weights_checker` "checksum" gives, for every tensor the trainer holds, the checksum of the trainer's
+   tensor cast to the engine's dtype (`weight_bucket.tensor_checksum`, as the server computes it);
+5. only then is it registered with the router again (`Fleet.register`, waited until listed healthy), and
+   released again when the fleet's memory was released (colocated: the trainer holds the device).
+
+A check that fails raises `EngineRestartRefused` naming the engine, the field or tensor and both values:
+the engine stays out of the router and `HttpEngine` fails the run as a gone engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from grpolab.core.dtypes import parse_dtype
+from grpolab.core.engine.client import EngineGoneError
+from grpolab.core.engine.fleet import Fleet
+from grpolab.core.engine.http_calls import call_json
+from grpolab.core.engine.weight_bucket import bucket_on_disk, tensor_checksum
+from grpolab.core.weight_sync import iter_buckets
+
+log = logging.getLogger("grpolab")
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+CONTROL_TIMEOUT_S = 120.0
+"""Seconds one load, checksum or release call to the restarted engine may take (grpolab's: SmolLM2-135M's
+buckets load in < 1 s and its checksum takes ~0.3 s on CPU)."""
+
+
+class EngineRestartRefused(RuntimeError):
+    """A restarted engine failed its check (weight version or a tensor's checksum): it is not registered."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightSource:
+    """Where a restarted engine's weights come from: the trainer's (HF name, tensor) pairs, read anew at
+    each restart (`Actor.named_weights` on one rank), sent in buckets of `buffer_bytes` bytes."""
+
+    named: Callable[[], NamedTensors]
+    buffer_bytes: int
+
+
+@dataclass(kw_only=True)
+class RestartRecord:
+    """One restart: engine index, why (its exit), old and new URL, the version it was loaded and checked
+    with, how many tensors were checked, the seconds it took (exit seen → registered), and how many
+    requests of the call it failed were sent again (set by the caller)."""
+
+    engine: int
+    reason: str
+    old_url: str
+    new_url: str
+    weight_version: int
+    tensors: int
+    seconds: float
+    retried_requests: int = 0
+
+    def describe(self) -> str:
+        """ "restarted at URL in 3.4 s, its weight version 2 and 46 tensor checksums checked before it
+        rejoined the router" for messages."""
+        return (
+            f"restarted at {self.new_url} in {self.seconds:.1f} s, its weight version {self.weight_version} and "
+            f"{self.tensors} tensor checksums checked before it rejoined the router"
+        )
+
+
+def load_weights(url: str, source: WeightSource, weight_version: int) -> None:
+    """Load `source`'s tensors into the engine at `url` bucket by bucket, as `weight_version`.
+
+    Raises:
+        HttpCallError / EngineRequestError: the engine did not take a bucket; RuntimeError: it answered
+            without success.
+    """
+    for bucket in iter_buckets(source.named(), source.buffer_bytes):
+        with bucket_on_disk(bucket) as folder:
+            body = {"model_path": str(folder), "weight_version": str(weight_version)}
+            answer = call_json("POST", url + "/update_weights_from_disk", body, timeout=CONTROL_TIMEOUT_S)
+        if not (isinstance(answer, dict) and answer.get("success")):
+            raise RuntimeError(f"{url}/update_weights_from_disk did not succeed: {answer!r}")
+
+
+def expected_checksums(named: NamedTensors, dtype: torch.dtype) -> dict[str, str]:
+    """`tensor_checksum` of each trainer tensor cast to the engine's `dtype` (as the engine's load casts
+    it: `copy_`, round to nearest), by HF name."""
+    return {name: tensor_checksum(t.detach().to(device="cpu", dtype=dtype)) for name, t in named}
+
+
+def check_restarted(url: str, *, engine: int, weight_version: int, expected: dict[str, str]) -> None:
+    """The engine at `url` holds `weight_version` and, tensor by tensor, the checksums in `expected`.
+
+    Raises:
+        EngineRestartRefused: "engine 0 restarted at URL reports weight version 0, the trainer's is 3",
+            or names the first tensor whose checksum differs (both values) or that the engine lacks, and
+            how many differ.
+        HttpCallError: the engine did not answer.
+    """
+    who = f"engine {engine} restarted at {url}"
+    info = call_json("GET", url + "/model_info", None, timeout=CONTROL_TIMEOUT_S) or {}
+    reported = info.get("weight_version") if isinstance(info, dict) else None
+    if str(reported) != str(weight_version):
+        raise EngineRestartRefused(
+            f"{who} reports weight version {reported}, the trainer's is {weight_version}: not registered"
+        )
+    answer = call_json("POST", url + "/weights_checker", {"action": "checksum"}, timeout=CONTROL_TIMEOUT_S)
+    ranks = answer.get("ranks") if isinstance(answer, dict) else None
+    sums = ranks[0].get("checksums", {}) if ranks else {}
+    wrong = [name for name, want in expected.items() if sums.get(name) != want]
+    if wrong:
+        name = wrong[0]
+        got = sums.get(name, "no such tensor")
+        raise EngineRestartRefused(
+            f"{who} does not hold the trainer's weights of version {weight_version}: {name!r} has checksum "
+            f"{got}, the trainer's is {expected[name]} ({len(wrong)} of {len(expected)} tensors differ): "
+            "not registered"
+        )
+
+
+class Restarter:
+    """Restarts the engines of `fleet` (at most `max_restarts` in the run), each checked before it rejoins.
+
+    Args:
+        fleet: the fleet grpolab launched (its engines are relaunched in place).
+        max_restarts: `--max-engine-restarts`, over the whole run and every engine; >= 1.
+        source: the trainer's weights (`WeightSource`).
+        load: how the weights get into the restarted engine (`load_weights`; a test plants one that skips).
+
+    Raises:
+        ValueError: `max_restarts` < 1.
+    """
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        *,
+        max_restarts: int,
+        source: WeightSource,
+        load: Callable[[str, WeightSource, int], None] = load_weights,
+    ) -> None:
+        if max_restarts < 1:
+            raise ValueError(f"--max-engine-restarts must be >= 1, got {max_restarts}")
+        self.fleet, self.max_restarts, self.source, self._load = fleet, max_restarts, source, load
+        self.done: list[RestartRecord] = []  # every restart of the run
+        self._untaken = 0  # how many of `done` `take` has not returned yet
+
+    @property
+    def left(self) -> int:
+        """Restarts the run may still make."""
+        return self.max_restarts - len(self.done)
+
+    def restart(self, i: int, *, reason: str, weight_version: int, memory_released: bool) -> RestartRecord:
+        """Bring engine `i` back (the module docstring's five steps) and return the record.
+
+        Raises:
+            EngineRestartRefused: it failed its check (it is not registered; its process keeps running
+                until the fleet closes, for its log).
+            FleetError / HttpCallError / RuntimeError: it did not start, or a call to it or the router failed.
+        """
+        start = time.monotonic()
+        old = self.fleet.engines[i].url
+        self.fleet.unregister(old)
+        new = self.fleet.relaunch(i).url
+        self._load(new, self.source, weight_version)
+        dtype = parse_dtype(self.fleet.dtype, "--dtype")
+        expected = expected_checksums(self.source.named(), dtype)
+        check_restarted(new, engine=i, weight_version=weight_version, expected=expected)
+        self.fleet.register(new)
+        if memory_released:
+            call_json("POST", new + "/release_memory_occupation", {}, timeout=CONTROL_TIMEOUT_S)
+        record = RestartRecord(
+            engine=i, reason=reason, old_url=old, new_url=new, weight_version=weight_version,
+            tensors=len(expected), seconds=time.monotonic() - start,
+        )  # fmt: skip
+        self.done.append(record)
+        self._untaken += 1
+        return record
+
+    def bring_back(self, i: int, what: str, *, weight_version: int, released: bool) -> RestartRecord:
+        """`restart` engine `i`, which went as `what` says ("engine 0 (URL) exited (killed by SIGKILL)"), or
+        say why it cannot come back.
+
+        Raises:
+            EngineGoneError: no restart left (--max-engine-restarts), or the restart failed or was refused
+                (the run fails as without fault tolerance, saying why).
+        """
+        if self.left < 1:
+            raise EngineGoneError(f"{what}; --max-engine-restarts {self.max_restarts}: none left")
+        log.warning(f"{what}: restarting it (--use-fault-tolerance; {self.left} restart(s) left)")
+        try:
+            return self.restart(i, reason=what, weight_version=weight_version, memory_released=released)
+        except RuntimeError as e:  # EngineRestartRefused, FleetError, HttpCallError, a failed load
+            raise EngineGoneError(f"{what}; its restart failed: {e}") from None
+
+    def take(self) -> list[RestartRecord]:
+        """The restarts since the last `take` (for the rollout's events and metrics)."""
+        new = self.done[len(self.done) - self._untaken :] if self._untaken else []
+        self._untaken = 0
+        return new
