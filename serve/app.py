@@ -17,6 +17,7 @@ import secrets
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -138,6 +139,13 @@ ROUTES = [
 """(path, handler(state, request), methods) of every route."""
 
 
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """An unknown path (404) or a method the route does not take (405) as JSON, FastAPI's (so SGLang's)
+    shape `{"detail": "Method Not Allowed"}`, with the `Allow` header Starlette sets, not plain text."""
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
 def build_app(state: ServerState) -> Starlette:
     """The ASGI app serving `state` (its batcher starts and stops with the app's lifespan)."""
 
@@ -149,7 +157,11 @@ def build_app(state: ServerState) -> Starlette:
         finally:
             await state.batcher.stop()
 
-    app = Starlette(routes=[_route(state, p, h, m) for p, h, m in ROUTES], lifespan=lifespan)
+    app = Starlette(
+        routes=[_route(state, p, h, m) for p, h, m in ROUTES],
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+    )
     if state.settings.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.settings.api_key)
     return app

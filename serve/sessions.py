@@ -63,7 +63,14 @@ def _session(state: ServerState, request: Request) -> tuple[str, Session]:
 
 
 async def open_session(state: ServerState, request: Request) -> Response:
-    """`POST /sessions` -> `{"session_id": "<hex>"}`; 503 when `MAX_SESSIONS` are open."""
+    """`POST /sessions` (an empty body or `{}`) -> `{"session_id": "<hex>"}`; 400 naming any field of the body
+    (a session takes no options: its settings come with each turn), 503 when `MAX_SESSIONS` are open."""
+    body = await read_object(request, contract=False)
+    if body:
+        return error_response(
+            f"POST /sessions takes no fields, got {', '.join(map(repr, sorted(body)))} (send {{}} or no body; "
+            "sampling settings go with each turn's chat request)"
+        )
     store = state.sessions
     if len(store) >= MAX_SESSIONS:
         return error_response(

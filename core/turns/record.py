@@ -176,9 +176,15 @@ class TokenRecord:
         return record
 
 
+COMPARED_APART = ("role", "content", "tool_calls", "tool_call_id")
+"""Message keys `_same_message` compares by their own rule; every other key is compared as it is."""
+
+
 def _same_message(sent: dict, kept: dict) -> bool:
     """Whether a history message is the one the session holds: role, content (None as ""), tool-call
-    names and arguments, tool_call_id. Extra keys a client library adds (`refusal`, ...) do not count."""
+    names and arguments, tool_call_id, and every other key with a value (a `name` added to an earlier
+    message is a rewrite: a chat template may render it). Keys a client library adds empty (`refusal`,
+    `annotations`, `audio`, `function_call` as null) do not count, nor a tool call's `id` and `type`."""
 
     def calls(m: dict) -> list:
         return [
@@ -186,11 +192,15 @@ def _same_message(sent: dict, kept: dict) -> bool:
             for c in m.get("tool_calls") or []
         ]
 
+    def others(m: dict) -> dict:
+        return {k: v for k, v in m.items() if k not in COMPARED_APART and v not in (None, "", [], {})}
+
     return (
         sent.get("role") == kept.get("role")
         and (sent.get("content") or "") == (kept.get("content") or "")
         and calls(sent) == calls(kept)
         and sent.get("tool_call_id") == kept.get("tool_call_id")
+        and others(sent) == others(kept)
     )
 
 

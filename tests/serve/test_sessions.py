@@ -68,6 +68,19 @@ def test_each_turn_is_the_last_turns_ids_plus_only_the_new_messages(server, tiny
     assert rec["messages"][-1]["role"] == "assistant" and len(rec["messages"]) == 6
 
 
+def test_keys_a_client_library_adds_empty_are_not_a_rewrite(server):
+    """openai's `model_dump()` of a reply carries refusal/annotations/audio/function_call as null and the
+    tool calls' ids: the same message."""
+    sid, client = _session(server)
+    first = client.chat.completions.create(model="m", messages=[USER], max_tokens=6, seed=1).choices[0]
+    reply = first.message.model_dump()
+    assert {"refusal", "audio", "function_call"} <= set(reply)
+    ans = server.call(
+        f"/sessions/{sid}/v1/chat/completions", {"messages": [USER, reply, TOOL], "max_tokens": 2}
+    )
+    assert ans.status == 200, ans.text
+
+
 def test_a_rewritten_history_is_a_409_and_a_failed_turn_changes_nothing(server):
     sid, client = _session(server)
     _, reply = _turn(client, [USER], max_tokens=6, seed=1)
@@ -75,6 +88,8 @@ def test_a_rewritten_history_is_a_409_and_a_failed_turn_changes_nothing(server):
     cases = [
         ([dict(USER, content="Tom has 5 apples."), reply, TOOL], 0, "messages[0] (user) differs"),
         ([USER, dict(reply, content="7"), TOOL], 1, "differs from the session's reply"),
+        ([dict(USER, name="tom"), reply, TOOL], 0, "messages[0] (user) differs"),  # a template may render it
+        ([USER, dict(reply, name="bot"), TOOL], 1, "differs from the session's reply"),
         ([USER, reply], 2, "appends no message"),
         ([USER], 1, "the history has 1 messages but the session holds 2"),
     ]
@@ -154,3 +169,16 @@ def test_truncate_cuts_the_record_and_its_turns():
     record.messages = record.messages[:2] + [TOOL] + record.messages[2:3]  # as the turns appended them
     assert record.truncate(5) and record.reply_lengths == [2] and record.finish_reasons == ["stop"]
     assert record.messages == [USER, record.messages[1], TOOL]  # turn 2's reply gone, the tool kept
+
+
+def test_open_takes_no_fields_and_wrong_methods_answer_json(server):
+    assert server.call("/sessions", method="POST").status == 200  # no body at all
+    ans = server.call("/sessions", {"capacity_of_str_len": 100})
+    assert (
+        ans.status == 400
+        and "POST /sessions takes no fields, got 'capacity_of_str_len'" in ans.body["error"]["message"]
+    )
+    wrong = server.call("/sessions", method="GET")  # the route takes POST only
+    assert wrong.status == 405 and wrong.body == {"detail": "Method Not Allowed"}
+    missing = server.call("/no_such_route")
+    assert missing.status == 404 and missing.body == {"detail": "Not Found"}
