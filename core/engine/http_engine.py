@@ -132,7 +132,9 @@ class HttpEngine:
         self._answered_at: float | None = None  # when the last rollout's requests were all answered
         self._answers = LastAnswers()  # when each engine last answered (failures are timed from there)
         self.restarter: Restarter | None = None  # --use-fault-tolerance (`enable_fault_tolerance`)
-        self._partial: tuple[object, dict[int, object]] = (None, {})  # a failed call's answers, by request
+        self._partial: tuple[object, dict[int, object]] = (None, {})  # the running call's answers, by request
+        self._unretried: RestartRecord | None = None  # the last restart, until the call it broke is repeated
+        self._sending = False  # a generate call's requests are out (`_send_all`)
         self._kill_when_queued: int | None = None  # the kill_engine_in_rollout fault: this engine
 
     @property
@@ -156,22 +158,22 @@ class HttpEngine:
         """
         self._check_usable()
         key = (params, [(r.prompt_ids, r.seed) for r in requests])
-        retry = self._partial[0] == key  # the call a restart interrupted, repeated by the client
-        kept, self._partial = (self._partial[1] if retry else {}), (None, {})
+        # the answers of this same call before it failed (the client repeats it), kept until it succeeds:
+        # what was answered before an engine died is not asked again
+        kept = self._partial[1] if self._partial[0] == key else {}
+        self._partial = (key, kept)
         self._check_health_unless_fresh()
         start = time.perf_counter()
         call = next(self._calls)
-        todo = [i for i in range(len(requests)) if i not in kept]  # a call retried after a restart: the rest
+        todo = [i for i in range(len(requests)) if i not in kept]
         bodies = {
             i: generate_body(requests[i], params, rid=request_rid(self._session, call, i)) for i in todo
         }
-        if retry and self.restarter is not None and self.restarter.done:
-            self.restarter.done[-1].retried_requests += len(todo)
-        try:
-            self._send_all(bodies, params.filters_support, kept)
-        except EngineRestarted:
-            self._partial = (key, kept)  # what was answered before the engine died is not asked again
-            raise
+        if self._unretried is not None:  # the first call after a restart: what it sends again
+            self._unretried.retried_requests += len(todo) if self._unretried.call == key else 0
+            self._unretried = None
+        self._send_all(bodies, params.filters_support, kept)
+        self._partial = (None, {})
         results = [parse_generate_answer(kept[i], params, self.weight_version) for i in range(len(requests))]
         seconds = time.perf_counter() - start
         tokens = float(sum(len(r.response_ids) for r in results))
@@ -204,6 +206,7 @@ class HttpEngine:
             pool = self._requests = KeepAlivePool(MAX_IN_FLIGHT)
         gate = self.fleet is not None  # our engines: hold the rollout's requests, then decode them together
         ok = False
+        self._sending = True
         try:
             if gate:
                 self._each_engine("POST", "/pause_generation", {"mode": "in_place"})
@@ -233,6 +236,7 @@ class HttpEngine:
                 self._watch_liveness()
             ok = True
         finally:
+            self._sending = False
             self._end_watch()
             if gate:  # failed while holding: let the engines generate again
                 for url in self.engine_urls:
@@ -456,6 +460,8 @@ class HttpEngine:
                         self._suspect, what, weight_version=self.weight_version, released=self.memory_released
                     )
                     self.engine_urls[self._suspect] = record.new_url
+                    record.call = self._partial[0] if self._sending else None  # requests were out
+                    self._unretried = record
                     raise EngineRestarted(f"{what}; {record.describe()}")
             raise EngineGoneError(what)
 

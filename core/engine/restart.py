@@ -20,6 +20,7 @@ the engine stays out of the router and `HttpEngine` fails the run as a gone engi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -68,6 +69,7 @@ class RestartRecord:
     tensors: int
     seconds: float
     retried_requests: int = 0
+    call: object = dataclasses.field(default=None, repr=False, compare=False)  # the generate call it broke
 
     def describe(self) -> str:
         """ "restarted at URL in 3.4 s, its weight version 2 and 46 tensor checksums checked before it
