@@ -55,14 +55,22 @@ from grpolab.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 GOAL = {"tiny": 1.6, "smollm2": 1.4}
 
 
-def copy_bandwidth() -> float:
-    """Bytes read + written per second by one 256 MiB `Tensor.copy_` (best of 5)."""
-    src = torch.ones(64 << 20, dtype=torch.float32)
+def sync(device: str) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously; a no-op on CPU)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str = "cpu") -> float:
+    """Bytes read + written per second by one 256 MiB `Tensor.copy_` on `device` (best of 5)."""
+    src = torch.ones(64 << 20, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(5):
+        sync(device)
         t0 = time.perf_counter()
         dst.copy_(src)
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * src.numel() * src.element_size() / best
 
@@ -115,6 +123,7 @@ def main() -> None:
     )
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="both sides' dtype")
     ap.add_argument("--stop-at-eos", action="store_true", help="stop at eos and count actual tokens")
+    ap.add_argument("--device", default="cpu", help="both sides' device (cpu, cuda, cuda:1)")
     ap.add_argument("--response-len", type=int, default=32, help="new tokens per sample (>= 2; default 32)")
     opts = ap.parse_args()
     new_tokens = opts.response_len
@@ -136,15 +145,16 @@ def main() -> None:
     stops = (eos,) if opts.stop_at_eos else ()
 
     dtype = getattr(torch, opts.dtype)
-    engine = TorchEngine(checkpoint, show_progress=False, dtype=dtype)
+    device = opts.device
+    engine = TorchEngine(checkpoint, show_progress=False, dtype=dtype, device=device)
     params = SamplingParams(
         temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens, stop_token_ids=stops
     )
-    model = load_causal_lm(checkpoint, dtype=dtype)  # transformers' own copy of the same weights
+    model = load_causal_lm(checkpoint, dtype=dtype).to(device)  # transformers' own copy of the same weights
     pad = engine.pad_token_id
     L = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (L - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (L - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=device)
     gen_cfg = GenerationConfig(
         do_sample=True,
         temperature=1.0,
@@ -166,6 +176,7 @@ def main() -> None:
         torch.manual_seed(seed)
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+        sync(device)
         new = out[:, L:]
         if not opts.stop_at_eos:
             return new.numel()
@@ -175,7 +186,9 @@ def main() -> None:
         return n
 
     reqs = [GenerationRequest(prompt_ids=p, seed=10_000 + i) for i, p in enumerate(prompts)]
-    reference = TorchEngine(checkpoint, show_progress=False, dtype=dtype, decode_path="transformers")
+    reference = TorchEngine(
+        checkpoint, show_progress=False, dtype=dtype, decode_path="transformers", device=device
+    )
     check = reference_check(engine, reference, reqs, params)
     del reference
     load0 = os.getloadavg()[0]
@@ -198,7 +211,7 @@ def main() -> None:
 
     e, g = median(tps["engine"]), median(tps["generate"])
     print(f"ratio engine/generate tokens/s: {e / g:.3f}x   (goal >= {GOAL[opts.model]}x)")
-    bandwidth, weight_bytes = copy_bandwidth(), step_weight_bytes(model)
+    bandwidth, weight_bytes = copy_bandwidth(device), step_weight_bytes(model)
     floor_s = weight_bytes / bandwidth
     step_s = (median(toks["engine"]) / e - first_s) / (new_tokens - 1)
     print(
@@ -214,7 +227,7 @@ def main() -> None:
         else f"no eos stop, exactly {new_tokens} tokens"
     )
     print(f"context: {machine()}, torch threads {opts.threads}, load avg at start {load0:.2f}")
-    print(f"  {opts.model} in {opts.dtype}: {checkpoint}")
+    print(f"  {opts.model} in {opts.dtype} on {device}: {checkpoint}")
     print(f"  batch {batch} prompts (padded len {L}), {new_tokens} new tokens, {mode}, {opts.reps} reps")
     print(
         f"  engine   median {e:8.0f} tok/s  (min {min(tps['engine']):.0f}, max {max(tps['engine']):.0f}),"

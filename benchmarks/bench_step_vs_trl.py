@@ -1,7 +1,8 @@
 """GRPO step time by phase: grpolab's `grpolab train` vs TRL's GRPOTrainer, same config and prompts.
 
 What it measures: wall time of one GRPO iteration (generate the rollout's completions, score, train
-one optimizer step), float32 on CPU, on one of two models (`--model`):
+one optimizer step), float32 on CPU unless `--device cuda --dtype bfloat16` say otherwise, on one of two
+models (`--model`):
 
 - `tiny` (default): the default `grpolab train` config on fixtures/tiny-qwen3 and the built-in
   arithmetic prompts: 8 prompts × 8 samples = 64 completions, micro-batch 16 (TRL: 16 × 4);
@@ -110,7 +111,8 @@ def model_flags(model: str) -> list[str]:
 
 def sized_flags(opts: argparse.Namespace) -> list[str]:
     """`--rollout-max-response-len N` and the group size `K` with its global batch (prompts x K: one
-    optimizer step per rollout), from `--response-len` and `--n-samples-per-prompt`; [] when neither."""
+    optimizer step per rollout), from `--response-len` and `--n-samples-per-prompt`, and `--device` /
+    both dtypes; [] when none is given."""
     out: list[str] = []
     if opts.response_len is not None:
         out += ["--rollout-max-response-len", str(opts.response_len)]
@@ -119,6 +121,10 @@ def sized_flags(opts: argparse.Namespace) -> list[str]:
         k = opts.n_samples_per_prompt
         out += ["--n-samples-per-prompt", str(k), "--global-batch-size", str(prompts * k)]
         out += ["--micro-batch-size", str(min(prompts * k, 4 if opts.model == "smollm2" else 16))]
+    if opts.device != "cpu":
+        out += ["--device", opts.device]
+    if opts.dtype != "float32":
+        out += ["--rollout-dtype", opts.dtype, "--train-dtype", opts.dtype]
     return out
 
 
@@ -187,8 +193,8 @@ def trl_args(config, steps: int, workdir: Path, *, forced: bool = False):
     assert not ac.use_kl_loss and not ac.calculate_per_token_loss
     args = GRPOConfig(
         output_dir=str(workdir / f"trl-{time.monotonic_ns()}"),
-        use_cpu=True,
-        bf16=False,
+        use_cpu=config.model.device == "cpu",
+        bf16=config.model.train_dtype == "bfloat16",
         fp16=False,
         report_to="none",
         logging_steps=1,
@@ -249,7 +255,7 @@ def run_trl(
         return [math_reward(c, a) for c, a in zip(completions, answer)]
 
     reward_fn.__name__ = "math_reward"
-    model = load_causal_lm(config.model.hf_checkpoint, dtype=torch.float32)
+    model = load_causal_lm(config.model.hf_checkpoint, dtype=getattr(torch, config.model.train_dtype))
     tokenizer = load_tokenizer(config.model.hf_checkpoint)
     trainer = GRPOTrainer(
         model=model,
@@ -363,6 +369,8 @@ def main() -> None:
         help="torch threads for both sides (default 1: robust on a shared machine; "
         f"{torch.get_num_threads()} = torch's default here)",
     )
+    ap.add_argument("--device", default="cpu", help="both sides' device (cpu, cuda)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="both sides' dtype")
     ap.add_argument("--response-len", type=int, help="answers of exactly N tokens on both sides (forced)")
     ap.add_argument(
         "--n-samples-per-prompt", type=int, help="group size on both sides (default: the model's)"
