@@ -224,6 +224,10 @@ def _dispatch(argv: list[str] | None) -> int:
         return run_gate_command(args)
     if args.command == "estimate":
         train_parser = subcommand_parser(parser, "train")
+        train_parser.prog, train_parser.usage = (
+            "grpolab estimate memory",
+            "%(prog)s [TRAIN FLAGS]",
+        )  # its errors
         flags = train_parser.parse_args(args.train_flags)
         try:
             config = config_from_args(flags)

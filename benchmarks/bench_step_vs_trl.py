@@ -300,6 +300,50 @@ def run_trl(
     return timer.steps[1:]
 
 
+def matmul_rate(m: int, k: int, n: int, threads: int) -> float:
+    """FLOP/s of this machine's float32 `torch.mm` of (m x k) @ (k x n) at `threads` threads (best of 7)."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    best = float("inf")
+    for _ in range(7):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * m * k * n / best
+
+
+def floor_seconds(flags: list[str], threads: int) -> tuple[float, float, str]:
+    """The matmul floor of one step: (generation s, training s, how) at this machine's measured `torch.mm`
+    rate on the model's own shapes (a micro-batch's tokens x hidden x intermediate). FLOPs (Kaplan et al.
+    2020, arXiv:2001.08361): 2 per weight per token forward, 6 for forward + backward, counted over the
+    matmul weights (every linear layer and the lm_head; the input embedding is a lookup), attention's
+    scores and values (2 x 2 x layers x context x hidden per token forward) on top. Generation: the
+    prompt and every answer token forward once, an answer token at the rate of a decode step's rows (one
+    row per sample); training: forward + backward over prompt + answer at a micro-batch's rate. A floor
+    in FLOPs only: it leaves out memory traffic, softmax, norms and Python."""
+    config, _ = grpolab_config(flags, 1, threads, "unused")
+    model = load_causal_lm(config.model.hf_checkpoint, dtype=torch.float32)
+    c = model.config
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    rc = config.rollout
+    samples, answer = rc.samples_per_rollout, rc.rollout_max_response_len
+    prompt = (
+        40  # the arithmetic prompts with the chat template: 30-40 tokens (the forced runs' padded length)
+    )
+    context = prompt + answer
+    attn = 2 * 2 * c.num_hidden_layers * c.hidden_size * context / 2  # the mean context is half the sequence
+    per_token = 2 * weights + attn
+    rate = matmul_rate(
+        config.optimizer.micro_batch_size * context, c.hidden_size, c.intermediate_size, threads
+    )
+    decode_rate = matmul_rate(samples, c.hidden_size, c.intermediate_size, threads)  # a decode step's rows
+    gen = samples * (prompt * per_token / rate + answer * per_token / decode_rate)
+    train = 3 * samples * context * per_token / rate
+    how = (f"{weights / 1e6:.2f} M matmul weights, {samples} x ({prompt} + {answer}) tokens, torch.mm at "
+           f"{rate / 1e9:.0f} GFLOP/s on a micro-batch's rows, {decode_rate / 1e9:.0f} on a decode step's")  # fmt: skip
+    return gen, train, how
+
+
 def report(
     opts: argparse.Namespace,
     flags: list[str],
@@ -323,6 +367,13 @@ def report(
         f"{mean([s['reward'] for s in theirs]):.3f}, mean response length {mean([p['length'] for p in ours]):.1f} "
         f"vs {mean([s['length'] for s in theirs]):.1f} tokens (same prompts, different sampling streams)"
     )
+    if opts.response_len is not None:  # forced lengths: the work is known, so is its floor
+        gen_floor, train_floor, how = floor_seconds(flags, opts.threads)
+        print(
+            f"matmul floor ({how}): generation {gen_floor:.3f} s (grpolab at {gen_floor / our_roll:.0%} of it, "
+            f"TRL at {gen_floor / trl_gen:.0%}), training {train_floor:.3f} s (grpolab at "
+            f"{train_floor / (our_step - our_roll):.0%}, TRL at {train_floor / (trl_step - trl_gen):.0%})"
+        )
     print()
     print(
         f"context: {machine()}, torch threads {opts.threads}, torch {torch.__version__}, "

@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -178,42 +179,49 @@ def run_resume_command(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     n, k = args.steps, args.resume_at
-    with tempfile.TemporaryDirectory(prefix="grpolab-resume-") as tmp:
-        work = Path(args.work_dir) if args.work_dir else Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        if any(work.iterdir()) and args.work_dir:
-            print(
-                f"{PROG}: error: --work-dir {work} is not empty (nothing existing is replaced)",
-                file=sys.stderr,
-            )
-            return 2
-        common = [*flags, "--num-rollout", str(n)]
-        try:
-            straight = _train([*common, "--run-dir", str(work / "straight"), "--save", str(work / "ckpt_straight")],
-                              work / "straight.log")  # fmt: skip
-            killed = _train([*common, "--run-dir", str(work / "killed"), "--save", str(work / "ckpt_killed"),
-                             "--save-interval", str(k)], work / "killed.log")  # fmt: skip
-            ckpt = work / "ckpt_killed" / f"iter_{k:07d}"
-            try:  # the two run side by side: their numbers do not depend on the load
-                _kill_after_checkpoint(killed, ckpt, work / "killed.log", args.timeout)
-                _finish(straight, work / "straight.log", "straight", args.timeout)
-            finally:
-                for proc in (straight, killed):
-                    if proc.poll() is None:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
-            resumed = _train([*common, *args.resume_extra.split(), "--run-dir", str(work / "resumed"), "--load",
-                              str(ckpt), "--save", str(work / "ckpt_resumed")], work / "resumed.log")  # fmt: skip
-            _finish(resumed, work / "resumed.log", "resumed", args.timeout)
-        except ValueError as e:
-            print(f"{PROG}: error: {e}", file=sys.stderr)
-            return 2
-        except RuntimeError as e:
-            print(f"{PROG}: {e}", file=sys.stderr)
-            return 1
-        diffs = compare_runs(work / "straight", work / "killed", work / "resumed", k)
-        final = f"iter_{n:07d}/model.safetensors"
-        diffs += compare_weights(work / "ckpt_straight" / final, work / "ckpt_resumed" / final)
+    # a temporary work folder is removed once the runs are compared, kept when one failed: its logs are cited
+    temporary = not args.work_dir
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="grpolab-resume-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if any(work.iterdir()) and args.work_dir:
+        print(
+            f"{PROG}: error: --work-dir {work} is not empty (nothing existing is replaced)",
+            file=sys.stderr,
+        )
+        return 2
+    common = [*flags, "--num-rollout", str(n)]
+    try:
+        straight = _train([*common, "--run-dir", str(work / "straight"), "--save", str(work / "ckpt_straight")],
+                          work / "straight.log")  # fmt: skip
+        killed = _train([*common, "--run-dir", str(work / "killed"), "--save", str(work / "ckpt_killed"),
+                         "--save-interval", str(k)], work / "killed.log")  # fmt: skip
+        ckpt = work / "ckpt_killed" / f"iter_{k:07d}"
+        try:  # the two run side by side: their numbers do not depend on the load
+            _kill_after_checkpoint(killed, ckpt, work / "killed.log", args.timeout)
+            _finish(straight, work / "straight.log", "straight", args.timeout)
+        finally:
+            for proc in (straight, killed):
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        resumed = _train([*common, *args.resume_extra.split(), "--run-dir", str(work / "resumed"), "--load",
+                          str(ckpt), "--save", str(work / "ckpt_resumed")], work / "resumed.log")  # fmt: skip
+        _finish(resumed, work / "resumed.log", "resumed", args.timeout)
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    except BaseException:
+        if temporary:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    diffs = compare_runs(work / "straight", work / "killed", work / "resumed", k)
+    final = f"iter_{n:07d}/model.safetensors"
+    diffs += compare_weights(work / "ckpt_straight" / final, work / "ckpt_resumed" / final)
+    if temporary:
+        shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps({"steps": n, "resume_at": k, "same": not diffs, "differences": diffs}))
     elif diffs:

@@ -9,7 +9,6 @@ the checkpoint says which run saved it (`trainer_state.json`'s `hf_checkpoint`);
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -37,16 +36,16 @@ def add_convert_parser(sub: argparse._SubParsersAction) -> None:
 def run_convert_command(args: argparse.Namespace) -> int:
     """Run `grpolab convert`; return the exit code (see the module docstring)."""
     from grpolab.convert.to_hf import ExportError, export_to_hf
-    from grpolab.core.checkpoint import find_latest
+    from grpolab.core.checkpoint import find_latest, read_trainer_state
 
     ckpt = Path(args.to_hf)
     origin = args.origin_hf_dir
     try:
-        latest = find_latest(ckpt) if ckpt.is_dir() else None
+        latest = find_latest(ckpt, flag="--to-hf") if ckpt.is_dir() else None
         if latest is None:
             raise ExportError(f"--to-hf {ckpt}: no checkpoint there")
         if origin is None:
-            origin = json.loads((latest / "trainer_state.json").read_text()).get("hf_checkpoint")
+            origin = read_trainer_state(latest, flag="--to-hf").hf_checkpoint
             if origin is None:
                 raise ExportError(
                     f"--to-hf {latest}: the checkpoint does not name its model; pass --origin-hf-dir"

@@ -97,6 +97,27 @@ def _log_probs(model: torch.nn.Module, vocab: int) -> list[torch.Tensor]:
         return rescored(model, answers, temperature=1.0, vocab_size=vocab, device="cpu")
 
 
+def check_output_dir(out: Path, ckpt: Path, *, force: bool) -> None:
+    """`--output-dir` may be written: a directory (or nothing yet) that is empty unless `force`, and neither the
+    checkpoint, a folder holding it, nor a folder inside it (`--force` replaces OUT whole: it must never take
+    the checkpoint with it).
+
+    Raises:
+        ExportError: naming `--output-dir` and why.
+    """
+    if out.exists() and not out.is_dir():
+        raise ExportError(
+            f"--output-dir {out} is a file; expected a directory (new, or empty, or an earlier export with --force)"
+        )
+    mine, source = out.resolve(), ckpt.resolve()
+    if mine == source or mine in source.parents or source in mine.parents:
+        where = "inside" if source in mine.parents else "" if mine == source else "a folder holding "
+        raise ExportError(f"--output-dir {out} is {where + ' ' if where == 'inside' else where}the checkpoint --to-hf {ckpt}; write the export elsewhere "
+                          "(--force replaces --output-dir whole)")  # fmt: skip
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ExportError(f"--output-dir {out} exists and is not empty; pass --force to replace it")
+
+
 def export_to_hf(ckpt: Path, out: Path, origin: str, *, force: bool = False) -> Export:
     """Write `ckpt` (an `iter_*` folder of `--save`) as a save_pretrained folder at `out` (module docstring).
 
@@ -107,27 +128,27 @@ def export_to_hf(ckpt: Path, out: Path, origin: str, *, force: bool = False) -> 
     """
     from safetensors.torch import load_file
 
+    from grpolab.core.checkpoint import read_trainer_state
     from grpolab.core.model_files import compare_model_fingerprints
     from grpolab.core.modeling import load_causal_lm, load_tokenizer, model_fingerprint
 
     weights_file = ckpt / "model.safetensors"
     if not (ckpt / "trainer_state.json").is_file() or not weights_file.is_file():
-        raise ExportError(f"CKPT_DIR {ckpt}: not a grpolab checkpoint (expected an iter_* folder of --save with "
+        raise ExportError(f"--to-hf {ckpt}: not a grpolab checkpoint (expected an iter_* folder of --save with "
                           "model.safetensors and trainer_state.json)")  # fmt: skip
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise ExportError(f"--output-dir {out} exists and is not empty; pass --force to replace it")
+    check_output_dir(out, ckpt, force=force)
     if not Path(origin).exists():
         raise FileNotFoundError(f"--origin-hf-dir {origin}: no such model directory or .gguf file")
-    state = json.loads((ckpt / "trainer_state.json").read_text())
+    state = read_trainer_state(ckpt, flag="--to-hf")
     theirs = model_fingerprint(origin)
-    if compare_model_fingerprints(str(state.get("model_fingerprint", "")), theirs) == "different":
-        raise ExportError(f"CKPT_DIR {ckpt} was trained from another model than --origin-hf-dir {origin} (model "
-                          f"fingerprint {state.get('model_fingerprint')} != {theirs})")  # fmt: skip
+    if compare_model_fingerprints(str(state.model_fingerprint or ""), theirs) == "different":
+        raise ExportError(f"--to-hf {ckpt} was trained from another model than --origin-hf-dir {origin} (model "
+                          f"fingerprint {state.model_fingerprint} != {theirs})")  # fmt: skip
     try:
         weights = load_file(str(weights_file))
     except Exception as e:  # a truncated or foreign file
         raise ExportError(
-            f"CKPT_DIR {ckpt}: model.safetensors is unreadable ({type(e).__name__}: {e})"
+            f"--to-hf {ckpt}: model.safetensors is unreadable ({type(e).__name__}: {e})"
         ) from None
     model = load_causal_lm(origin, dtype=torch.float32)
     tied = map_weights(model, {k: v.float() for k, v in weights.items()})
@@ -138,7 +159,7 @@ def export_to_hf(ckpt: Path, out: Path, origin: str, *, force: bool = False) -> 
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         facts = {"checkpoint": str(ckpt.resolve()), "origin": str(origin),
-                 **{k: state.get(k) for k in ("next_rollout_id", "weight_version", "data_position", "model_fingerprint")},
+                 **{k: getattr(state, k) for k in ("next_rollout_id", "weight_version", "data_position", "model_fingerprint")},
                  "tied": tied, "tensor_sha256": {k: hashlib.sha256(v.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
                                                  for k, v in sorted(weights.items())}}  # fmt: skip
         (tmp / EXPORT_FILE).write_text(json.dumps(facts, indent=2) + "\n")

@@ -178,10 +178,11 @@ def directory_bytes(path: str | Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-def find_latest(parent: str | Path) -> Path | None:
+def find_latest(parent: str | Path, flag: str = "--load") -> Path | None:
     """The newest complete iteration directory under `parent` (or `parent` itself if it is one), or None.
 
-    None means an empty directory: the run starts fresh.
+    None means an empty directory: the run starts fresh. `flag` is the flag errors name (`--load`,
+    `grpolab convert --to-hf`).
 
     Raises:
         CheckpointError: the latest-file names a directory that does not exist, or iteration
@@ -195,15 +196,15 @@ def find_latest(parent: str | Path) -> Path | None:
         iters = sorted(p.name for p in parent.glob("iter_*") if p.is_dir())
         if iters:
             raise CheckpointError(
-                f"--load: {parent} has {', '.join(iters[-3:])} but no {LATEST_FILE}; pass one iteration directory to --load"
+                f"{flag}: {parent} has {', '.join(iters[-3:])} but no {LATEST_FILE}; pass one iteration directory to {flag}"
             )
         return None
     text = latest.read_text().strip()
     if not text.isdigit():
-        raise CheckpointError(f"--load: {latest} should hold an iteration number, found {text[:40]!r}")
+        raise CheckpointError(f"{flag}: {latest} should hold an iteration number, found {text[:40]!r}")
     path = iteration_dir(parent, int(text))
     if not (path / "trainer_state.json").exists():
-        raise CheckpointError(f"--load: {latest} names {path.name}, but {path} is missing or incomplete")
+        raise CheckpointError(f"{flag}: {latest} names {path.name}, but {path} is missing or incomplete")
     return path
 
 
@@ -290,8 +291,8 @@ def _load_state(path: Path, map_location: Any = None) -> Any:
         raise CheckpointError(f"--load: {e}") from None
 
 
-def read_trainer_state(path: Path) -> TrainerState:
-    """The counters in `path/trainer_state.json`.
+def read_trainer_state(path: Path, flag: str = "--load") -> TrainerState:
+    """The counters in `path/trainer_state.json`; `flag` is the flag errors name (`--load`, `--to-hf`).
 
     Raises:
         CheckpointError: the file is unreadable, not JSON, not an object, or lacks or adds fields
@@ -301,18 +302,18 @@ def read_trainer_state(path: Path) -> TrainerState:
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except OSError as e:
-        raise CheckpointError(f"--load: {file} is unreadable ({e.strerror or e})") from None
+        raise CheckpointError(f"{flag}: {file} is unreadable ({e.strerror or e})") from None
     except ValueError as e:
-        raise CheckpointError(f"--load: {file} is not valid JSON ({e}); edited or half-written?") from None
+        raise CheckpointError(f"{flag}: {file} is not valid JSON ({e}); edited or half-written?") from None
     if not isinstance(raw, dict):
-        raise CheckpointError(f"--load: {file} should hold a JSON object, found {type(raw).__name__}")
+        raise CheckpointError(f"{flag}: {file} should hold a JSON object, found {type(raw).__name__}")
     fields = set(TrainerState.__dataclass_fields__)
     required = {n for n, f in TrainerState.__dataclass_fields__.items() if f.default is dataclasses.MISSING}
     missing, unknown = sorted(required - set(raw)), sorted(set(raw) - fields)
     if missing or unknown:
         what = [f"missing {', '.join(missing)}"] if missing else []
         what += [f"unknown fields {', '.join(unknown)}"] if unknown else []
-        raise CheckpointError(f"--load: {file} does not hold a checkpoint's counters ({'; '.join(what)})")
+        raise CheckpointError(f"{flag}: {file} does not hold a checkpoint's counters ({'; '.join(what)})")
     return TrainerState(**raw)
 
 

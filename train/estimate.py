@@ -8,6 +8,9 @@ loaded) and the flags:
   them in the parameter dtype; none under `--debug-disable-optimizer`), the reference model P x b_train
   when something reads it (`--use-kl-loss`, the `--ci-test` log-prob checker);
 - the in-process engine's weights P x b_rollout (none with engine servers);
+- with `--rollout-num-engines N`, the fleet the run launches on this machine: N `grpolab serve` processes
+  (each: the process baseline, the weights P x b_rollout and the KV cache of its share of the samples) and
+  the router (`ROUTER_BYTES`); a fleet at `--sglang-router-ip` runs elsewhere and is not counted;
 - the rollout's KV cache: layers x 2 x kv_heads x head_dim x b_rollout per token, for the rollout's samples
   (at most 256 decode together) at the longest prompt (tokenized as the run will, chat template
   applied) plus `--rollout-max-response-len`;
@@ -35,6 +38,9 @@ IMPORTS = "import grpolab.train.loop, grpolab.core.engine.torch_engine, grpolab.
 """What the process baseline imports (a run's modules)."""
 MAX_DECODE_BATCH = 256
 """Samples one in-process decode holds at once (core/engine/torch_engine.py's max batch)."""
+ROUTER_BYTES = 100 * 2**20
+"""Resident size of a launched sglang-router 0.3.2 (its Rust process, idle to busy): 97 MiB RSS measured
+during a 2-engine tiny-model run on CPU, rounded up."""
 
 
 @dataclass
@@ -95,20 +101,29 @@ def estimate(config: Config, *, baseline: int | None = None) -> tuple[list[Part]
     in_process = not config.rollout.uses_servers
     micro = min(config.optimizer.micro_batch_size, samples)
     mb_tokens, mb_scored = micro * seq, micro * (config.rollout.rollout_max_response_len + 1)
+    kv_per_sample = layers * 2 * kv_heads * head_dim * br * seq
+    base = process_baseline_bytes() if baseline is None else baseline
     parts = [
-        Part("process (Python, torch, transformers, grpolab)", process_baseline_bytes() if baseline is None else baseline,
-             True, "measured: RSS of a fresh interpreter importing a run's modules"),
+        Part("process (Python, torch, transformers, grpolab)", base, True,
+             "measured: RSS of a fresh interpreter importing a run's modules"),
         Part("trainer weights", P * bt, True, f"{P:,} parameters x {bt} bytes"),
         Part("gradients", P * bt * optimizer, True, "one per parameter"),
         Part("Adam moments", 2 * P * bt * optimizer, True, "exp_avg and exp_avg_sq, parameter dtype"),
         Part("reference model", P * bt * reference_needed(config), True, "--use-kl-loss or the --ci-test checker"),
         Part("engine weights", P * br * in_process, True, "the in-process engine's own copy"),
         Part("model load (transient)", P * 4, False, "a dequantized / loaded copy while building a model"),
-        Part("rollout KV cache (transient)", layers * 2 * kv_heads * head_dim * br * min(samples, MAX_DECODE_BATCH) * seq
-             * in_process, False, f"{min(samples, MAX_DECODE_BATCH)} samples x {seq} tokens (longest prompt {longest})"),
+        Part("rollout KV cache (transient)", kv_per_sample * min(samples, MAX_DECODE_BATCH) * in_process, False,
+             f"{min(samples, MAX_DECODE_BATCH)} samples x {seq} tokens (longest prompt {longest})"),
         Part("training micro-batch (transient)", (mb_tokens * layers * (12 * hidden + 4 * inter) + mb_scored * 3 * vocab) * 4,
              False, f"{mb_tokens} tokens' hidden states, {mb_scored} scored positions' float32 logits, log-softmax, gradient"),
     ]  # fmt: skip
+    if n := config.rollout.rollout_num_engines:  # the fleet this run launches, on this machine
+        share = min(-(-samples // n), MAX_DECODE_BATCH)
+        parts += [
+            Part(f"engine servers ({n} x grpolab serve)", n * (base + P * br + kv_per_sample * share), True,
+                 f"each: the process, the weights ({P:,} x {br} bytes), the KV cache of {share} samples"),
+            Part("sglang-router", ROUTER_BYTES, True, "its Rust process (measured once: 97 MiB RSS)"),
+        ]  # fmt: skip
     return parts, P
 
 

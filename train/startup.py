@@ -271,6 +271,7 @@ def _attach_restarter(cfg: Config, engine: RolloutEngine, actor: Actor) -> None:
     fleet = capability(engine, RestartsEngines)
     assert fleet is not None  # --use-fault-tolerance needs --rollout-num-engines (RolloutConfig)
     source = WeightSource(named=actor.named_weights, buffer_bytes=cfg.colocate.update_weight_buffer_size)
+    assert cfg.rollout.max_engine_restarts is not None  # set with --use-fault-tolerance (RolloutConfig)
     fleet.enable_fault_tolerance(source, max_restarts=cfg.rollout.max_engine_restarts)
     log.info(f"--use-fault-tolerance: an engine that exits is restarted (at most {cfg.rollout.max_engine_restarts} "
              "times), loaded with the trainer's weights and checked before it rejoins the router")  # fmt: skip

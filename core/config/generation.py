@@ -164,12 +164,12 @@ class RolloutConfig:
     """Restart an engine of the launched fleet (--rollout-num-engines) that exits: it is loaded with the
     trainer's current weights and checked (weight version and every tensor's checksum) before it rejoins
     the router, and the requests it left unanswered are sent again (core/engine/restart.py)."""
-    ft_components: str = "rollout"
-    """What --use-fault-tolerance watches and replaces: rollout (the engines; Miles' train component needs
-    Megatron's independent data-parallel groups, which grpolab does not have)."""
-    max_engine_restarts: int = 3
-    """With --use-fault-tolerance: how many engine restarts the whole run may make; past it, a dead engine
-    fails the run as without fault tolerance."""
+    ft_components: str | None = None
+    """What --use-fault-tolerance watches and replaces: rollout, the default and the only one (the engines;
+    Miles' train component needs Megatron's independent data-parallel groups, which grpolab does not have)."""
+    max_engine_restarts: int | None = None
+    """With --use-fault-tolerance: how many engine restarts the whole run may make (default 3; each start
+    of a restart counts); past it, a dead engine fails the run as without fault tolerance."""
 
     def __post_init__(self) -> None:
         require(
@@ -228,13 +228,20 @@ class RolloutConfig:
         require(port is None or 1 <= port <= 65535, f"--sglang-router-port must be in 1..65535, got {port}")
         timeout = self.sglang_router_request_timeout_secs
         require(timeout > 0, f"--sglang-router-request-timeout-secs must be > 0, got {timeout}")
+        for flag, value in (
+            ("--ft-components", self.ft_components),
+            ("--max-engine-restarts", self.max_engine_restarts),
+        ):
+            require(value is None or self.use_fault_tolerance, f"{flag} needs --use-fault-tolerance")
         require(
-            self.ft_components == "rollout",
+            self.ft_components in (None, "rollout"),
             f"--ft-components {self.ft_components}: grpolab has rollout fault tolerance only (Miles' train "
             "component needs Megatron's independent data-parallel groups)",
         )
+        if self.use_fault_tolerance and self.max_engine_restarts is None:
+            self.max_engine_restarts = 3
         require(
-            self.max_engine_restarts >= 1,
+            self.max_engine_restarts is None or self.max_engine_restarts >= 1,
             f"--max-engine-restarts must be >= 1, got {self.max_engine_restarts}",
         )
         require(

@@ -59,6 +59,12 @@ class EngineGoneError(RuntimeError):
     what went, e.g. "engine 0 (http://127.0.0.1:P) exited (killed by SIGKILL)"."""
 
 
+class EngineRestarted(RuntimeError):
+    """An engine exited and was restarted and checked (--use-fault-tolerance, core/engine/restart.py): the
+    call that found it is repeated at once, without waiting for health (the restart checked it); a generate
+    call then sends only the requests not yet answered. The message says what went and how it came back."""
+
+
 class EngineDeadError(RuntimeError):
     """The rollout engine failed for longer than `--engine-failure-timeout` seconds.
 
@@ -195,6 +201,9 @@ class EngineClient:
             except EngineGoneError as e:
                 start = _failure_start(started, e) if first_failure is None else first_failure
                 raise self._gone(e, what, start) from None
+            except EngineRestarted as e:  # bounded: each one used a restart of --max-engine-restarts
+                log.warning(f"rollout engine {self.name!r}: {e}; repeating {what}")
+                continue
             except Exception as e:
                 last_error = f"{what} raised {_describe(e)}"
                 if first_failure is None:

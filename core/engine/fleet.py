@@ -351,7 +351,10 @@ def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
 
 
 def _startup_failure(p: FleetProcess, why: str) -> FleetError:
-    tail = "\n".join(f"  {line}" for line in log_tail(p.log_path, 15)) or "  (its log is empty)"
+    """The error for a process that did not start, quoting the last lines it wrote (a relaunched engine's
+    log holds its earlier process's lines first: they are not its)."""
+    lines = [_strip_ansi(line) for line in p.new_log_lines()[-15:]]
+    tail = "\n".join(f"  {line}" for line in lines) or "  (its log is empty)"
     return FleetError(f"{p.name} {why}; the last lines of {p.log_path}:\n{tail}")
 
 

@@ -46,7 +46,7 @@ from grpolab.core.engine.base import (
     SamplingParams,
     TensorMismatch,
 )
-from grpolab.core.engine.client import EngineGoneError
+from grpolab.core.engine.client import EngineGoneError, EngineRestarted
 from grpolab.core.engine.fleet import Fleet
 from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError, call_json
 from grpolab.core.engine.http_pool import KeepAlivePool
@@ -56,11 +56,6 @@ from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer,
 from grpolab.core.engine.weight_bucket import bucket_on_disk
 
 log = logging.getLogger("grpolab")
-
-
-class EngineRestarted(RuntimeError):
-    """A launched engine exited and was restarted and checked (--use-fault-tolerance): the call that found it
-    is repeated by `client.EngineClient` (a generate call sends only the requests not yet answered)."""
 
 
 CONTROL_TIMEOUT_S = 120.0
@@ -133,7 +128,6 @@ class HttpEngine:
         self._answers = LastAnswers()  # when each engine last answered (failures are timed from there)
         self.restarter: Restarter | None = None  # --use-fault-tolerance (`enable_fault_tolerance`)
         self._partial: tuple[object, dict[int, object]] = (None, {})  # the running call's answers, by request
-        self._unretried: RestartRecord | None = None  # the last restart, until the call it broke is repeated
         self._sending = False  # a generate call's requests are out (`_send_all`)
         self._kill_when_queued: int | None = None  # the kill_engine_in_rollout fault: this engine
 
@@ -169,9 +163,8 @@ class HttpEngine:
         bodies = {
             i: generate_body(requests[i], params, rid=request_rid(self._session, call, i)) for i in todo
         }
-        if self._unretried is not None:  # the first call after a restart: what it sends again
-            self._unretried.retried_requests += len(todo) if self._unretried.call == key else 0
-            self._unretried = None
+        if self.restarter is not None:  # the first call after a restart: what it sends again
+            self.restarter.count_retried(key, len(todo))
         self._send_all(bodies, params.filters_support, kept)
         self._partial = (None, {})
         results = [parse_generate_answer(kept[i], params, self.weight_version) for i in range(len(requests))]
@@ -428,11 +421,16 @@ class HttpEngine:
             self._watch = LivenessWatch(self.engine_urls, failure_timeout=self.failure_timeout_s)
         try:
             self._watch.check()
-        except EngineGoneError:
+        except EngineGoneError as hung:
             self._suspect = self._watch.hung
+            if self.restarter is not None and self._suspect is not None:
+                self._end_watch()
+                self.restarter.kill_hung(self._suspect, self.engine_urls[self._suspect], str(hung))
+                self._check_processes()  # EngineRestarted, or gone past --max-engine-restarts
             raise
         finally:
-            self._answers.take(self._watch)
+            if self._watch is not None:
+                self._answers.take(self._watch)
 
     def _end_watch(self) -> None:
         if self._watch is not None:
@@ -456,12 +454,10 @@ class HttpEngine:
             if dead[0] in self.fleet.engines:
                 self._suspect = self.fleet.engines.index(dead[0])
                 if self.restarter is not None:  # --use-fault-tolerance: back, checked, or gone
-                    record = self.restarter.bring_back(
-                        self._suspect, what, weight_version=self.weight_version, released=self.memory_released
-                    )
+                    call = self._partial[0] if self._sending else None  # the call whose requests were out
+                    record = self.restarter.bring_back(self._suspect, what, weight_version=self.weight_version,
+                                                       released=self.memory_released, call=call)  # fmt: skip
                     self.engine_urls[self._suspect] = record.new_url
-                    record.call = self._partial[0] if self._sending else None  # requests were out
-                    self._unretried = record
                     raise EngineRestarted(f"{what}; {record.describe()}")
             raise EngineGoneError(what)
 
@@ -469,6 +465,12 @@ class HttpEngine:
         """EngineGoneError when a fleet process exited, quoting `error`; waits `EXIT_GRACE_S` for one to be
         seen exiting unless the call timed out (a hung engine, not an exited one: no time to lose)."""
         timed_out = error is not None and error.timed_out
+        if (
+            timed_out and self.restarter is not None
+        ):  # a launched engine that does not answer is dead to the run
+            hung = [i for i, url in enumerate(self.engine_urls) if error.url.startswith(url + "/")]
+            if hung:
+                self.restarter.kill_hung(hung[0], self.engine_urls[hung[0]], str(error))
         self._check_processes(grace_s=0.0 if timed_out else EXIT_GRACE_S, answer=error)
 
     def _answer_note(self, error: HttpCallError | None) -> str:

@@ -30,7 +30,7 @@ import torch
 
 from grpolab.core.dtypes import parse_dtype
 from grpolab.core.engine.client import EngineGoneError
-from grpolab.core.engine.fleet import Fleet
+from grpolab.core.engine.fleet import Fleet, FleetError
 from grpolab.core.engine.http_calls import call_json
 from grpolab.core.engine.weight_bucket import bucket_on_disk, tensor_checksum
 from grpolab.core.weight_sync import iter_buckets
@@ -156,12 +156,15 @@ class Restarter:
             raise ValueError(f"--max-engine-restarts must be >= 1, got {max_restarts}")
         self.fleet, self.max_restarts, self.source, self._load = fleet, max_restarts, source, load
         self.done: list[RestartRecord] = []  # every restart of the run
+        self.attempts = 0  # restarts begun, those that failed included
+        self.hung: dict[int, str] = {}  # engines `kill_hung` killed, and why
+        self._unretried: RestartRecord | None = None  # the last restart, until the call it broke is repeated
         self._untaken = 0  # how many of `done` `take` has not returned yet
 
     @property
     def left(self) -> int:
-        """Restarts the run may still make."""
-        return self.max_restarts - len(self.done)
+        """Restarts the run may still begin."""
+        return self.max_restarts - self.attempts
 
     def restart(self, i: int, *, reason: str, weight_version: int, memory_released: bool) -> RestartRecord:
         """Bring engine `i` back (the module docstring's five steps) and return the record.
@@ -172,6 +175,7 @@ class Restarter:
             FleetError / HttpCallError / RuntimeError: it did not start, or a call to it or the router failed.
         """
         start = time.monotonic()
+        self.attempts += 1
         old = self.fleet.engines[i].url
         self.fleet.unregister(old)
         new = self.fleet.relaunch(i).url
@@ -190,21 +194,50 @@ class Restarter:
         self._untaken += 1
         return record
 
-    def bring_back(self, i: int, what: str, *, weight_version: int, released: bool) -> RestartRecord:
-        """`restart` engine `i`, which went as `what` says ("engine 0 (URL) exited (killed by SIGKILL)"), or
-        say why it cannot come back.
+    def kill_hung(self, i: int, url: str, why: str) -> None:
+        """SIGKILL engine `i` (at `url`), which hangs (`why`: what did not answer), so that the next process
+        check brings it back (Miles' health monitor restarts an engine that fails its checks)."""
+        self.hung[i] = f"engine {i} ({url}) hung ({why.splitlines()[0]})"
+        log.warning(f"{self.hung[i]}: killing it to restart it (--use-fault-tolerance)")
+        self.fleet.kill(i)
+
+    def count_retried(self, call: object, sent: int) -> None:
+        """The first generate call after a restart sends `sent` requests: retried ones when it is `call`, the
+        call the restart broke (the record's `retried_requests`)."""
+        if self._unretried is not None and self._unretried.call == call:
+            self._unretried.retried_requests += sent
+        self._unretried = None
+
+    def bring_back(
+        self, i: int, what: str, *, weight_version: int, released: bool, call: object = None
+    ) -> RestartRecord:
+        """`restart` engine `i`, which went as `what` says ("engine 0 (URL) exited (killed by SIGKILL)"; one
+        `kill_hung` killed says it hung), or say why it cannot come back. `call`: the generate call whose
+        requests were out when it went (None: no requests were), for `count_retried`.
 
         Raises:
             EngineGoneError: no restart left (--max-engine-restarts), or the restart failed or was refused
                 (the run fails as without fault tolerance, saying why).
         """
-        if self.left < 1:
-            raise EngineGoneError(f"{what}; --max-engine-restarts {self.max_restarts}: none left")
-        log.warning(f"{what}: restarting it (--use-fault-tolerance; {self.left} restart(s) left)")
-        try:
-            return self.restart(i, reason=what, weight_version=weight_version, memory_released=released)
-        except RuntimeError as e:  # EngineRestartRefused, FleetError, HttpCallError, a failed load
-            raise EngineGoneError(f"{what}; its restart failed: {e}") from None
+        if i in self.hung:
+            what = f"{self.hung.pop(i)} and was killed"
+        while True:
+            if self.left < 1:
+                raise EngineGoneError(f"{what}; --max-engine-restarts {self.max_restarts}: none left")
+            log.warning(f"{what}: restarting it (--use-fault-tolerance; {self.left} restart(s) left)")
+            try:
+                record = self.restart(i, reason=what, weight_version=weight_version, memory_released=released)
+                record.call, self._unretried = call, record
+                return record
+            except FleetError as e:  # the new process died or never listened: another start may do
+                if self.left < 1:
+                    raise EngineGoneError(f"{what}; its restart failed: {e}") from None
+                what = f"engine {i}'s restart failed ({str(e).splitlines()[0]})"
+                self.fleet.kill(i)  # a start that never listened may still run: it goes before the next
+            except (
+                RuntimeError
+            ) as e:  # EngineRestartRefused, HttpCallError, a failed load: not a start's luck
+                raise EngineGoneError(f"{what}; its restart failed: {e}") from None
 
     def take(self) -> list[RestartRecord]:
         """The restarts since the last `take` (for the rollout's events and metrics)."""

@@ -5,6 +5,7 @@ boundary at the resume, KL and TIS; a flag changed on resume is named at the fir
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,14 @@ def test_two_ranks_resume_bit_for_bit(capsys) -> None:
     code, report = oracle(capsys, "--steps", "2", "--resume-at", "1", "--", *SMALL, "--nproc-per-node", "2",
                           "--lr-decay-style", "linear")  # fmt: skip
     assert code == 0 and report["same"], report
+
+
+def test_a_run_that_fails_keeps_the_log_it_cites(capsys) -> None:
+    """A train flag only the runs themselves refuse: the error cites the killed run's log, which is kept."""
+    import re
+
+    assert main(["check", "resume", "--steps", "2", "--resume-at", "1", "--", "--no-such-flag"]) == 2
+    err = capsys.readouterr().err
+    cited = re.search(r"\(log: (\S+)\)", err)
+    assert cited is not None and "--no-such-flag" in Path(cited[1]).read_text(), err
+    shutil.rmtree(Path(cited[1]).parent)

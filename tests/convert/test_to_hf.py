@@ -135,3 +135,40 @@ def test_bad_input_exits_2_and_loses_nothing(ckpt: Path, tmp_path: Path, capsys)
     )
     assert "model.safetensors is unreadable" in capsys.readouterr().err
     assert main([*argv, "--force"]) == 0 and not (out / "mine.txt").exists()
+
+
+def test_force_never_replaces_the_checkpoint_and_a_bad_state_file_is_named(
+    ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    """--force replaces an earlier export, never the checkpoint or the run holding it; a trainer_state.json
+    that is not an object or is cut short is named, as --load names it."""
+    run = tmp_path / "run"
+    source = shutil.copytree(ckpt.parent, run / "ckpt") / ckpt.name
+    (run / "metrics.jsonl").write_text("keep\n")
+    for out, where in ((run, "is a folder holding the checkpoint"), (source, "is the checkpoint"),
+                       (source / "hf", "is inside the checkpoint")):  # fmt: skip
+        argv = [
+            "convert",
+            "--to-hf",
+            str(source),
+            "--output-dir",
+            str(out),
+            "--origin-hf-dir",
+            str(TINY),
+            "--force",
+        ]
+        assert main(argv) == 2 and where in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_text() == "keep\n" and (source / "model.safetensors").is_file()
+    afile = tmp_path / "afile.txt"
+    afile.write_text("mine")
+    assert main(["convert", "--to-hf", str(source), "--output-dir", str(afile), "--force"]) == 2
+    assert "is a file; expected a directory" in capsys.readouterr().err and afile.read_text() == "mine"
+    state = source / "trainer_state.json"
+    for text, needle in (
+        ("[]", "should hold a JSON object, found list"),
+        (state.read_text()[:50], "is not valid JSON"),
+    ):
+        state.write_text(text)
+        assert main(["convert", "--to-hf", str(source), "--output-dir", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert f"--to-hf: {state}" in err and needle in err and "Traceback" not in err

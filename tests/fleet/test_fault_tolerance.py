@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpolab.core.engine.client import EngineGoneError
-from grpolab.core.engine.fleet import Fleet
+from grpolab.core.engine.fleet import Fleet, FleetError
 from grpolab.core.engine.http_calls import call_json
 from grpolab.core.engine.restart import EngineRestartRefused, Restarter, WeightSource, load_weights
 from grpolab.rundir.reader import read_events
@@ -101,7 +101,8 @@ def _workers(fleet: Fleet) -> dict[str, bool]:
 def test_a_restart_that_skips_the_weight_load_is_not_registered(tmp_path: Path) -> None:
     """Planted restarts: one that loads nothing (the engine holds the checkpoint, version "default" as SGLang's), one that loads
     the checkpoint's weights under the trainer's version; both are refused before the router lists
-    them; a load that fails makes the engine gone, saying so. A restart with the real load is registered healthy and holds the trainer's tensors."""
+    them; a load that fails makes the engine gone, saying so; a start that dies is tried again within the
+    budget. A restart with the real load is registered healthy and holds the trainer's tensors."""
     trained = _trained_weights()
     source = WeightSource(named=lambda: iter(trained), buffer_bytes=1 << 20)
     fleet = Fleet.launch(checkpoint=str(TINY), num_engines=1, run_dir=tmp_path)
@@ -137,6 +138,17 @@ def test_a_restart_that_skips_the_weight_load_is_not_registered(tmp_path: Path) 
             )
         fleet.kill(0)
         restarter = Restarter(fleet, max_restarts=3, source=source)
+        real = fleet.relaunch
+
+        def dies_while_starting(i: int, **kw):  # the first start is killed before it listens
+            fleet.relaunch = real
+            raise FleetError("engine 0 exited with code -9 while starting")
+
+        fleet.relaunch = dies_while_starting  # type: ignore[method-assign]
+        record = restarter.bring_back(0, "engine 0 exited", weight_version=3, released=False)
+        assert restarter.attempts == 2 and restarter.left == 1 and restarter.done == [record]
+        fleet.kill(0)
+        restarter = Restarter(fleet, max_restarts=3, source=source)
         record = restarter.restart(0, reason="test", weight_version=3, memory_released=False)
         assert _workers(fleet) == {record.new_url: True} and record.tensors == len(trained)
         info = call_json("GET", record.new_url + "/model_info", None, timeout=10)
@@ -154,7 +166,10 @@ def test_a_restart_that_skips_the_weight_load_is_not_registered(tmp_path: Path) 
          "restarts only the engines it launched (--sglang-router-ip names a running fleet)"),
         (["--rollout-num-engines", "1", "--use-fault-tolerance", "--max-engine-restarts", "0"],
          "--max-engine-restarts must be >= 1, got 0"),
-        (["--rollout-num-engines", "1", "--ft-components", "train"], "grpolab has rollout fault tolerance only"),
+        (["--rollout-num-engines", "1", "--use-fault-tolerance", "--ft-components", "train"],
+         "grpolab has rollout fault tolerance only"),
+        (["--rollout-num-engines", "1", "--max-engine-restarts", "2"], "--max-engine-restarts needs --use-fault-tolerance"),
+        (["--rollout-num-engines", "1", "--ft-components", "rollout"], "--ft-components needs --use-fault-tolerance"),
         (["--rollout-num-engines", "1", "--use-fault-tolerance", "--debug-rollout-only"],
          "--debug-rollout-only builds no trainer"),
         (["--rollout-num-engines", "1", "--use-fault-tolerance", "--nproc-per-node", "2"], "runs on one rank"),
@@ -172,3 +187,39 @@ def test_fault_tolerance_bad_input_exits_2(tmp_path: Path, capsys, extra: list[s
         code = e.code
     assert code == 2 and not (tmp_path / "run").exists()
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_hung_engine_is_killed_and_restarted(tmp_path: Path) -> None:
+    """SIGSTOPped (the kernel accepts its connections, nothing answers): after --engine-failure-timeout the
+    engine is killed and restarted like one that exited, and the run finishes."""
+    import os
+    import signal
+    import time
+
+    from grpolab.diagnose.common.procfs import proc_children
+
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "grpolab", "train", "--run-dir", str(run), *SMALL, "--num-rollout", "6",
+            "--rollout-num-engines", "1", "--use-fault-tolerance", "--engine-failure-timeout", "5"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        engines = [
+            p
+            for p in proc_children(proc.pid)
+            if b"serve" in (Path("/proc") / str(p) / "cmdline").read_bytes()
+        ]
+        os.kill(engines[0], signal.SIGSTOP)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    restarts = [e for e in read_events(run) if e.get("event") == "engine_restart"]
+    assert (
+        len(restarts) == 1 and " hung (" in restarts[0]["reason"] and "was killed" in restarts[0]["reason"]
+    ), restarts

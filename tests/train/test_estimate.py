@@ -38,6 +38,16 @@ def test_components_follow_the_flags() -> None:
     )
 
 
+def test_a_launched_fleet_counts_its_engines_and_router() -> None:
+    """--rollout-num-engines 2: two `grpolab serve` processes (with baseline=0: weights and the KV cache of
+    32 samples each) and the router; no in-process engine weights or KV cache."""
+    fleet = parts("--rollout-num-engines", "2")
+    kv = 4 * 2 * 2 * 32 * 4 * (42 + 32)
+    assert fleet["engine servers (2 x grpolab serve)"] == 2 * (918_912 * 4 + kv * 32)
+    assert fleet["sglang-router"] == 100 * 2**20
+    assert fleet["engine weights"] == fleet["rollout KV cache (transient)"] == 0
+
+
 def test_the_command_prints_the_table(capsys) -> None:
     assert main(["estimate", "memory", "--num-rollout", "1"]) == 0
     out = capsys.readouterr().out
@@ -49,6 +59,7 @@ def test_the_command_prints_the_table(capsys) -> None:
     [
         (["--rollout-batch-size", "0"], "--rollout-batch-size must be >= 1"),
         (["--hf-checkpoint", "/nonexistent"], "/nonexistent"),
+        (["--rollout-batch-size", "x"], "grpolab estimate memory: error: argument --rollout-batch-size"),
     ],
 )
 def test_bad_flags_exit_2(capsys, flags: list[str], message: str) -> None:
