@@ -672,3 +672,27 @@ def test_grpolab_diagnose_log_command(tmp_path):
 def test_doctor_does_not_import_torch():
     code = "import sys, grpolab.diagnose.logdoctor; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("tail", "said", "fix"),
+    [
+        ("; --max-engine-restarts 1: none left", "none left: --max-engine-restarts 1 used", "raise --max-engine-restarts"),
+        ("; its restart failed: engine 0 restarted at http://127.0.0.1:7 reports weight version default, the "
+         "trainer's is 3: not registered", "restart failed: engine 0 restarted", "a refused check names"),
+        ("", None, "with --use-fault-tolerance it restarts an engine that exits"),
+    ],
+)  # fmt: skip
+def test_engine_gone_says_what_fault_tolerance_did(
+    tmp_path: Path, tail: str, said: str | None, fix: str
+) -> None:
+    console = tmp_path / "console.log"
+    console.write_text(
+        "grpolab train: error: EngineDeadError: rollout engine 'sglang fleet (1 engine behind "
+        "http://127.0.0.1:5)' is gone: engine 0 (http://127.0.0.1:6) exited (killed by SIGKILL)"
+        f"{tail} (during generate; it cannot come back)\n"
+    )
+    found = rules(scan_file(console))["engine_gone"]
+    ft = found.details["fault_tolerance"]
+    assert ft is None if said is None else said in ft, ft
+    assert fix in found.fix, found.fix

@@ -40,6 +40,18 @@ from grpolab.diagnose.logdoctor.rules.announcements import (
 )
 
 _SIGNAL = re.compile(r"killed by (?P<signal>SIG\w+)")
+_NONE_LEFT = re.compile(r"--max-engine-restarts (?P<max>\d+): none left")
+_RESTART_FAILED = re.compile(r"its restart failed: (?P<why>.+)")
+
+
+def fault_tolerance(error: str) -> str | None:
+    """What `--use-fault-tolerance` did, from the trainer's error line (core/engine/restart.py's words):
+    "none left: --max-engine-restarts 3 used", "restart failed: <why>", or None (it was off)."""
+    if m := _NONE_LEFT.search(error):
+        return f"none left: --max-engine-restarts {m['max']} used"
+    if m := _RESTART_FAILED.search(error):
+        return f"restart failed: {m['why'].strip()}"
+    return None
 
 
 def exit_cause(how: str) -> str:
@@ -129,14 +141,17 @@ class EngineGone(Rule):
             "engine_log": [t.text.strip() for t in tail],
             "first_failure_line": None if first is None else first.line,
             "injected": fault is not None,
+            "fault_tolerance": fault_tolerance(line.text),
         }
         return [
             self.finding(
                 _title(gone) + (" (an injected CI fault)" if fault else ""),
                 evidence,
                 details,
-                cause=_cause(gone) + injected_note(fault),
-                fix=f"Nothing to fix if the fault was meant ({FAULT_FLAG})." if fault else _fix(gone),
+                cause=_cause(gone, details["fault_tolerance"]) + injected_note(fault),
+                fix=f"Nothing to fix if the fault was meant ({FAULT_FLAG})."
+                if fault
+                else _fix(gone, details["fault_tolerance"]),
             )
         ]
 
@@ -154,8 +169,15 @@ def _title(gone: Gone) -> str:
     return f"{gone.who}{where} is gone{state}: the run stopped{after}"
 
 
-def _cause(gone: Gone) -> str:
+def _cause(gone: Gone, ft: str | None = None) -> str:
     where = f" at {gone.url}" if gone.url else ""
+    if ft is not None and ft.startswith("none left"):
+        return (f"{gone.who}{where} went ({gone.state or 'gone'}) after --use-fault-tolerance had used every "
+                f"restart the run allows ({ft.split(': ', 1)[1]}), so this one failed the run.")  # fmt: skip
+    if ft is not None:
+        return (f"{gone.who}{where} went ({gone.state or 'gone'}) and --use-fault-tolerance could not bring it "
+                f"back: its {ft} (a restarted engine rejoins the router only once it starts, holds the "
+                "trainer's weights and passes their check).")  # fmt: skip
     if gone.hung:
         text = (
             f"The process of {gone.who}{where} is alive but stopped answering ({gone.state}): stopped "
@@ -177,8 +199,14 @@ def _cause(gone: Gone) -> str:
     return text + (f" {exit_cause(gone.state)}" if gone.state else "")
 
 
-def _fix(gone: Gone) -> str:
+def _fix(gone: Gone, ft: str | None = None) -> str:
     log = f"RUN_DIR/engines/{gone.index}.log" if gone.index is not None else "the engine's log"
+    if ft is not None and ft.startswith("none left"):
+        return (f"Read RUN_DIR/events.jsonl's engine_restart events and {log} for why the engines keep dying; "
+                "raise --max-engine-restarts only if that many deaths are expected.")  # fmt: skip
+    if ft is not None:
+        return (f"Read the restart's reason above and the end of {log} (the restarted process's lines come "
+                "last); a refused check names the weight version or tensor that differed.")  # fmt: skip
     if gone.who == "router":
         log = "RUN_DIR/router.log"
     if gone.hung:
@@ -187,7 +215,11 @@ def _fix(gone: Gone) -> str:
             "stacks (py-spy dump --pid PID) before the timeout ends the run. Then start the run again: grpolab "
             "launches fresh engines."
         )
-    again = "Then start the run again: grpolab launches fresh engines."
+    again = "Then start the run again: grpolab launches fresh engines" + (
+        " (with --use-fault-tolerance it restarts an engine that exits, checked, instead of failing)."
+        if gone.who != "router"
+        else "."
+    )
     if gone.state and "SIGKILL" in gone.state:
         return (
             f"Read the last lines of {log} (quoted in the run's error) for why the process ended; for a "
