@@ -57,7 +57,6 @@ from grpolab.core.engine.weight_bucket import bucket_on_disk
 
 log = logging.getLogger("grpolab")
 
-
 CONTROL_TIMEOUT_S = 120.0
 """Seconds a control call (weights, memory, cache, checker) may take, at most --engine-failure-timeout
 (grpolab's: a bucket of SmolLM2-135M loads in < 1 s on CPU)."""
@@ -465,9 +464,8 @@ class HttpEngine:
         """EngineGoneError when a fleet process exited, quoting `error`; waits `EXIT_GRACE_S` for one to be
         seen exiting unless the call timed out (a hung engine, not an exited one: no time to lose)."""
         timed_out = error is not None and error.timed_out
-        if (
-            timed_out and self.restarter is not None
-        ):  # a launched engine that does not answer is dead to the run
+        if timed_out and self.restarter is not None:  # a launched engine that does not answer is dead to us
+            assert error is not None
             hung = [i for i, url in enumerate(self.engine_urls) if error.url.startswith(url + "/")]
             if hung:
                 self.restarter.kill_hung(hung[0], self.engine_urls[hung[0]], str(error))
