@@ -156,8 +156,8 @@ def run_grpolab(
     return perf[1:]
 
 
-def trl_prompts(flags: list[str], rollouts: int, threads: int, workdir: Path) -> list[dict[str, str]]:
-    """The prompts of grpolab rollouts 0..rollouts-1, in order, as TRL rows {prompt, answer}."""
+def rollout_prompts(flags: list[str], rollouts: int, threads: int, workdir: Path) -> list:
+    """The prompts (`core.data` items: text, prompt_ids, label) of grpolab rollouts 0..rollouts-1, in order."""
     config, _ = grpolab_config(flags, rollouts, threads, str(workdir / "unused"))
     tok = load_tokenizer(config.model.hf_checkpoint)
     ds = PromptDataset(
@@ -167,7 +167,7 @@ def trl_prompts(flags: list[str], rollouts: int, threads: int, workdir: Path) ->
         label_key=config.data.label_key,
         apply_chat_template=config.data.apply_chat_template,
     )
-    rows = []
+    prompts = []
     for rid in range(rollouts):
         for i in rollout_prompt_indices(
             num_rows=len(ds),
@@ -179,8 +179,13 @@ def trl_prompts(flags: list[str], rollouts: int, threads: int, workdir: Path) ->
             p = ds[i]
             # TRL tokenizes plain-text prompts with add_special_tokens=True: make sure that is the same.
             assert list(tok(p.text)["input_ids"]) == p.prompt_ids, "TRL would see different prompt ids"
-            rows.append({"prompt": p.text, "answer": p.label})
-    return rows
+            prompts.append(p)
+    return prompts
+
+
+def trl_prompts(flags: list[str], rollouts: int, threads: int, workdir: Path) -> list[dict[str, str]]:
+    """The prompts of grpolab rollouts 0..rollouts-1, in order, as TRL rows {prompt, answer}."""
+    return [{"prompt": p.text, "answer": p.label} for p in rollout_prompts(flags, rollouts, threads, workdir)]
 
 
 def trl_args(config, steps: int, workdir: Path, *, forced: bool = False):
@@ -312,13 +317,13 @@ def matmul_rate(m: int, k: int, n: int, threads: int) -> float:
     return 2 * m * k * n / best
 
 
-def floor_seconds(flags: list[str], threads: int) -> tuple[float, float, str]:
+def floor_seconds(flags: list[str], threads: int, rollouts: int = 1) -> tuple[float, float, str]:
     """The matmul floor of one step: (generation s, training s, how) at this machine's measured `torch.mm`
     rate on the model's own shapes (a micro-batch's tokens x hidden x intermediate). FLOPs (Kaplan et al.
     2020, arXiv:2001.08361): 2 per weight per token forward, 6 for forward + backward, counted over the
     matmul weights (every linear layer and the lm_head; the input embedding is a lookup), attention's
     scores and values (2 x 2 x layers x context x hidden per token forward) on top. Generation: the
-    prompt and every answer token forward once, an answer token at the rate of a decode step's rows (one
+    prompt (the mean of the timed rollouts' prompts) and every answer token forward once, an answer token at the rate of a decode step's rows (one
     row per sample); training: forward + backward over prompt + answer at a micro-batch's rate. A floor
     in FLOPs only: it leaves out memory traffic, softmax, norms and Python."""
     config, _ = grpolab_config(flags, 1, threads, "unused")
@@ -327,9 +332,8 @@ def floor_seconds(flags: list[str], threads: int) -> tuple[float, float, str]:
     weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     rc = config.rollout
     samples, answer = rc.samples_per_rollout, rc.rollout_max_response_len
-    prompt = (
-        40  # the arithmetic prompts with the chat template: 30-40 tokens (the forced runs' padded length)
-    )
+    lengths = [len(p.prompt_ids) for p in rollout_prompts(flags, rollouts, threads, Path("unused"))]
+    prompt = round(sum(lengths) / len(lengths))  # the timed rollouts' mean prompt, as the runs send it
     context = prompt + answer
     attn = 2 * 2 * c.num_hidden_layers * c.hidden_size * context / 2  # the mean context is half the sequence
     per_token = 2 * weights + attn
@@ -368,7 +372,7 @@ def report(
         f"vs {mean([s['length'] for s in theirs]):.1f} tokens (same prompts, different sampling streams)"
     )
     if opts.response_len is not None:  # forced lengths: the work is known, so is its floor
-        gen_floor, train_floor, how = floor_seconds(flags, opts.threads)
+        gen_floor, train_floor, how = floor_seconds(flags, opts.threads, opts.rollouts)
         print(
             f"matmul floor ({how}): generation {gen_floor:.3f} s (grpolab at {gen_floor / our_roll:.0%} of it, "
             f"TRL at {gen_floor / trl_gen:.0%}), training {train_floor:.3f} s (grpolab at "
