@@ -229,13 +229,17 @@ def _dispatch(argv: list[str] | None) -> int:
             "%(prog)s [TRAIN FLAGS]",
         )  # its errors
         flags = train_parser.parse_args(args.train_flags)
+        from grpolab.train.preflight import check_rank_rules
+
+        world = planned_world_size(flags.nproc_per_node)
         try:
             config = config_from_args(flags)
+            check_rank_rules(config, world)  # what train refuses for this many ranks, refused here too
         except ValueError as e:
             train_parser.error(str(e))
         from grpolab.train.estimate import run_estimate_command
 
-        return run_estimate_command(config)
+        return run_estimate_command(config, world_size=world)
     if args.command == "convert":
         from grpolab.convert.command import run_convert_command
 

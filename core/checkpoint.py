@@ -21,6 +21,7 @@ import secrets
 import shutil
 import socket
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -314,7 +315,32 @@ def read_trainer_state(path: Path, flag: str = "--load") -> TrainerState:
         what = [f"missing {', '.join(missing)}"] if missing else []
         what += [f"unknown fields {', '.join(unknown)}"] if unknown else []
         raise CheckpointError(f"{flag}: {file} does not hold a checkpoint's counters ({'; '.join(what)})")
+    for name, kinds in _field_kinds().items():
+        value = raw.get(name)
+        if name in raw and not (value is None and type(None) in kinds) and not _is_kind(value, kinds):
+            want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise CheckpointError(f"{flag}: {file}: {name} should be {want}, found {json.dumps(value)[:60]}")
     return TrainerState(**raw)
+
+
+def _is_kind(value: object, kinds: tuple[type, ...]) -> bool:
+    """`value` is one of `kinds` as JSON gives them: a bool is no int, an int is a float too."""
+    if isinstance(value, bool):
+        return bool in kinds
+    return isinstance(value, kinds) or (float in kinds and isinstance(value, int))
+
+
+def _field_kinds() -> dict[str, tuple[type, ...]]:
+    """Each TrainerState field's accepted JSON types, from its annotation (`int`, `str | None`, ...)."""
+    import typing
+
+    out = {}
+    for name, hint in typing.get_type_hints(TrainerState).items():
+        args = (
+            typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        )
+        out[name] = tuple(typing.get_origin(a) or a for a in args)
+    return out
 
 
 def check_data(path: Path, state: TrainerState, data: DataIdentity, *, allow_change: bool) -> None:

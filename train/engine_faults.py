@@ -4,8 +4,9 @@ the restarts `--use-fault-tolerance` made, as events and metrics.
 Each restart (core/engine/restart.py) becomes an `engine_restart` event (engine, reason, old and new URL,
 weight version, tensors checked, seconds, retried requests), written with the rollout's `perf` record (or
 where a failed run ends, before its status) and, in that record, the
-metrics `ft/engine_restarts`, `ft/engine_restart_seconds` and `ft/retried_requests` (sums over the
-restarts since the previous rollout's record; 0 when none).
+metrics `ft/engine_restarts`, `ft/engine_restart_seconds`, `ft/retried_requests` and
+`ft/failed_engine_starts` (sums over the restarts since the previous rollout's record; 0 when none; a
+restart whose first start died counts once, its failed starts in the last one and in the budget).
 """
 
 from __future__ import annotations
@@ -59,4 +60,5 @@ def restart_metrics(engine: object | None, run_dir: RunDirectory) -> dict[str, f
         "ft/engine_restarts": float(len(records)),
         "ft/engine_restart_seconds": float(sum(r.seconds for r in records)),
         "ft/retried_requests": float(sum(r.retried_requests for r in records)),
+        "ft/failed_engine_starts": float(sum(r.failed_starts for r in records)),
     }

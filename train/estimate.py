@@ -65,8 +65,10 @@ def process_baseline_bytes() -> int:
     return int(out.split()[-1]) * 1024
 
 
-def estimate(config: Config, *, baseline: int | None = None) -> tuple[list[Part], int]:
-    """The run's components (see the module docstring) and its parameter count.
+def estimate(config: Config, *, baseline: int | None = None, world_size: int = 1) -> tuple[list[Part], int]:
+    """The run's components (see the module docstring) and its parameter count, over `world_size` ranks
+    (`--nproc-per-node`): FSDP2 shards the trainer's weights, gradients and Adam across them (their sum is
+    one rank's count), each rank is its own process and holds its own micro-batch.
 
     Raises:
         ValueError / FileNotFoundError: the model or the prompt data cannot be read (naming the flag).
@@ -117,6 +119,14 @@ def estimate(config: Config, *, baseline: int | None = None) -> tuple[list[Part]
         Part("training micro-batch (transient)", (mb_tokens * layers * (12 * hidden + 4 * inter) + mb_scored * 3 * vocab) * 4,
              False, f"{mb_tokens} tokens' hidden states, {mb_scored} scored positions' float32 logits, log-softmax, gradient"),
     ]  # fmt: skip
+    if world_size > 1:  # the micro-batch line is the last so far: every rank trains one at the same time
+        micro_part = parts[-1]
+        micro_part.bytes *= world_size
+        micro_part.how = f"{world_size} ranks x ({micro_part.how})"
+        others = world_size - 1
+        parts.append(Part(f"other ranks' processes ({others})", others * base, True,
+                          f"{others} more trainer process{'es' * (others > 1)}; weights, gradients and Adam are "
+                          "sharded (FSDP2): their sum above is one copy"))  # fmt: skip
     if n := config.rollout.rollout_num_engines:  # the fleet this run launches, on this machine
         share = min(-(-samples // n), MAX_DECODE_BATCH)
         parts += [
@@ -158,11 +168,11 @@ def table(parts: list[Part], params: int, device: str) -> str:
     return "\n".join(lines)
 
 
-def run_estimate_command(config: Config) -> int:
+def run_estimate_command(config: Config, *, world_size: int = 1) -> int:
     """`grpolab estimate memory [TRAIN FLAGS]` on the parsed flags (grpolab.cli parses them as `train`
-    does): print the table; 0, or 2 when the model or the prompt data cannot be read."""
+    does) for `world_size` ranks: print the table; 0, or 2 when the model or the prompt data cannot be read."""
     try:
-        parts, params = estimate(config)
+        parts, params = estimate(config, world_size=world_size)
     except (ValueError, FileNotFoundError) as e:
         print(f"grpolab estimate memory: error: {e}", file=sys.stderr)
         return 2

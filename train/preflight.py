@@ -86,8 +86,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     check_chat_template(config)
     check_prompt_data(config)
     check_reward(config)
-    check_dynamic_sampling(config, world_size)
-    check_fault_tolerance(config, world_size)
+    check_rank_rules(config, world_size)
     load_tools(config.agent)  # --generate-execute-tool-function-path imports, its specs are tool specs
     load_episode_function(config.agent)  # --custom-generate-function-path / --custom-agent-function-path
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
@@ -284,6 +283,17 @@ def check_dynamic_sampling(config: Config, world_size: int) -> None:
         raise ValueError(f"{FLAG} runs on one rank: {world_size} ranks would have to agree on the groups they "
                          "keep (drop --nproc-per-node)")  # fmt: skip
     load_filter(path)
+
+
+def check_rank_rules(config: Config, world_size: int) -> None:
+    """What only runs on one rank or needs a trainer: `check_dynamic_sampling` and `check_fault_tolerance`
+    (also checked by `grpolab estimate memory`, which launches nothing).
+
+    Raises:
+        ValueError: naming the flag and why.
+    """
+    check_dynamic_sampling(config, world_size)
+    check_fault_tolerance(config, world_size)
 
 
 def check_fault_tolerance(config: Config, world_size: int) -> None:

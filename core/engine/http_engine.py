@@ -128,6 +128,7 @@ class HttpEngine:
         self.restarter: Restarter | None = None  # --use-fault-tolerance (`enable_fault_tolerance`)
         self._partial: tuple[object, dict[int, object]] = (None, {})  # the running call's answers, by request
         self._sending = False  # a generate call's requests are out (`_send_all`)
+        self._control: tuple[object, dict[str, object]] = (None, {})  # the running control call's answers
         self._kill_when_queued: int | None = None  # the kill_engine_in_rollout fault: this engine
 
     @property
@@ -457,7 +458,7 @@ class HttpEngine:
                     record = self.restarter.bring_back(self._suspect, what, weight_version=self.weight_version,
                                                        released=self.memory_released, call=call)  # fmt: skip
                     self.engine_urls[self._suspect] = record.new_url
-                    raise EngineRestarted(f"{what}; {record.describe()}")
+                    raise EngineRestarted(f"{record.reason}; {record.describe()}")
             raise EngineGoneError(what)
 
     def _after_failed_call(self, error: HttpCallError | None) -> None:
@@ -481,14 +482,24 @@ class HttpEngine:
         return f"; {who} answered HTTP {error.status}: {error.text}"
 
     def _each_engine(self, method: str, path: str, body: object) -> list[object]:
-        answers = []
+        """`method path` with `body` on every engine, in order; their answers. The same call repeated after
+        it failed part-way (`client.EngineClient` repeats it once a restart brought an engine back) skips
+        the engines that already answered it: `/release_memory_occupation` twice is refused (SGLang's
+        rule), and the restarted engine was brought to the fleet's state before it rejoined."""
+        key = (method, path, repr(body))
+        done = self._control[1] if self._control[0] == key else {}
+        self._control = (key, done)
         for i, url in enumerate(self.engine_urls):
+            if url in done:
+                continue
             try:
-                answers.append(
-                    self._answers.call(method, url, path, body, timeout=self._cap(CONTROL_TIMEOUT_S))
-                )
-            except HttpCallError as e:
+                done[url] = self._answers.call(method, url, path, body, timeout=self._cap(CONTROL_TIMEOUT_S))
+            except HttpCallError as e:  # an engine failure: the client may repeat the call
                 self._suspect = i
                 self._after_failed_call(e)
                 raise
-        return answers
+            except EngineRequestError:  # the request itself was refused: nothing to resume
+                self._control = (None, {})
+                raise
+        self._control = (None, {})
+        return [done[url] for url in self.engine_urls]

@@ -57,9 +57,9 @@ class WeightSource:
 
 @dataclass(kw_only=True)
 class RestartRecord:
-    """One restart: engine index, why (its exit), old and new URL, the version it was loaded and checked
-    with, how many tensors were checked, the seconds it took (exit seen → registered), and how many
-    requests of the call it failed were sent again (set by the caller)."""
+    """One restart: engine index, why (its exit or hang), old and new URL, the version it was loaded and
+    checked with, how many tensors were checked, the seconds it took (exit seen → registered, failed starts
+    included), how many requests of the call it broke were sent again, and how many starts died first."""
 
     engine: int
     reason: str
@@ -69,6 +69,7 @@ class RestartRecord:
     tensors: int
     seconds: float
     retried_requests: int = 0
+    failed_starts: int = 0  # starts that died before this one listened (each used a restart)
     call: object = dataclasses.field(default=None, repr=False, compare=False)  # the generate call it broke
 
     def describe(self) -> str:
@@ -197,8 +198,7 @@ class Restarter:
     def kill_hung(self, i: int, url: str, why: str) -> None:
         """SIGKILL engine `i` (at `url`), which hangs (`why`: what did not answer), so that the next process
         check brings it back (Miles' health monitor restarts an engine that fails its checks)."""
-        self.hung[i] = f"engine {i} ({url}) hung ({why.splitlines()[0]})"
-        log.warning(f"{self.hung[i]}: killing it to restart it (--use-fault-tolerance)")
+        self.hung[i] = f"engine {i} ({url}) hung ({why.splitlines()[0]})"  # `bring_back` says it, once
         self.fleet.kill(i)
 
     def count_retried(self, call: object, sent: int) -> None:
@@ -221,23 +221,29 @@ class Restarter:
         """
         if i in self.hung:
             what = f"{self.hung.pop(i)} and was killed"
+        start, failed = time.monotonic(), 0
         while True:
             if self.left < 1:
                 raise EngineGoneError(f"{what}; --max-engine-restarts {self.max_restarts}: none left")
-            log.warning(f"{what}: restarting it (--use-fault-tolerance; {self.left} restart(s) left)")
+            again = f" (start {failed + 1}: {failed} failed)" if failed else ""
+            log.warning(f"{what}: restarting it{again} (--use-fault-tolerance; {self.left} restart(s) left)")
             try:
                 record = self.restart(i, reason=what, weight_version=weight_version, memory_released=released)
-                record.call, self._unretried = call, record
-                return record
             except FleetError as e:  # the new process died or never listened: another start may do
+                first = str(e).splitlines()[0].split("; the last lines of ")[0]
                 if self.left < 1:
                     raise EngineGoneError(f"{what}; its restart failed: {e}") from None
-                what = f"engine {i}'s restart failed ({str(e).splitlines()[0]})"
+                log.warning(f"engine {i}'s restart failed: {first}")
+                failed += 1
                 self.fleet.kill(i)  # a start that never listened may still run: it goes before the next
+                continue
             except (
                 RuntimeError
             ) as e:  # EngineRestartRefused, HttpCallError, a failed load: not a start's luck
                 raise EngineGoneError(f"{what}; its restart failed: {e}") from None
+            record.call, self._unretried = call, record
+            record.failed_starts, record.seconds = failed, time.monotonic() - start
+            return record
 
     def take(self) -> list[RestartRecord]:
         """The restarts since the last `take` (for the rollout's events and metrics)."""

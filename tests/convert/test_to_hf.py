@@ -164,10 +164,11 @@ def test_force_never_replaces_the_checkpoint_and_a_bad_state_file_is_named(
     assert main(["convert", "--to-hf", str(source), "--output-dir", str(afile), "--force"]) == 2
     assert "is a file; expected a directory" in capsys.readouterr().err and afile.read_text() == "mine"
     state = source / "trainer_state.json"
-    for text, needle in (
-        ("[]", "should hold a JSON object, found list"),
-        (state.read_text()[:50], "is not valid JSON"),
-    ):
+    good = json.loads(state.read_text())
+    cases = [("[]", "should hold a JSON object, found list"), (state.read_text()[:50], "is not valid JSON"),
+             (json.dumps({**good, "hf_checkpoint": 5}), "hf_checkpoint should be str or null, found 5"),
+             (json.dumps({**good, "next_rollout_id": "two"}), 'next_rollout_id should be int, found "two"')]  # fmt: skip
+    for text, needle in cases:
         state.write_text(text)
         assert main(["convert", "--to-hf", str(source), "--output-dir", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err

@@ -147,6 +147,7 @@ def test_a_restart_that_skips_the_weight_load_is_not_registered(tmp_path: Path) 
         fleet.relaunch = dies_while_starting  # type: ignore[method-assign]
         record = restarter.bring_back(0, "engine 0 exited", weight_version=3, released=False)
         assert restarter.attempts == 2 and restarter.left == 1 and restarter.done == [record]
+        assert record.failed_starts == 1
         fleet.kill(0)
         restarter = Restarter(fleet, max_restarts=3, source=source)
         record = restarter.restart(0, reason="test", weight_version=3, memory_released=False)
@@ -223,3 +224,39 @@ def test_a_hung_engine_is_killed_and_restarted(tmp_path: Path) -> None:
     assert (
         len(restarts) == 1 and " hung (" in restarts[0]["reason"] and "was killed" in restarts[0]["reason"]
     ), restarts
+
+
+def test_a_control_call_repeated_after_a_restart_skips_the_engines_that_answered(monkeypatch) -> None:
+    """`/release_memory_occupation` twice is refused, so the repeat of a call that failed on engine 1 (a
+    restart brought it back) goes to engine 1 only; the next call goes to both again."""
+    from grpolab.core.engine.client import EngineRestarted
+    from grpolab.core.engine.http_calls import HttpCallError
+    from grpolab.core.engine.http_engine import HttpEngine
+
+    engine = HttpEngine(
+        router_url="http://r", engine_urls=["http://a", "http://b"], fleet=None, request_timeout_s=5
+    )
+    calls: list[str] = []
+    failing = {"http://b"}
+
+    def call(method: str, url: str, path: str, body: object, *, timeout: float) -> object:
+        calls.append(url)
+        if url in failing:
+            failing.discard(url)
+            raise HttpCallError(method, url + path, None, "timed out", timed_out=True)
+        return {"url": url}
+
+    def restarted(error: HttpCallError | None) -> None:
+        raise EngineRestarted("engine 1 restarted")
+
+    monkeypatch.setattr(engine._answers, "call", call)
+    monkeypatch.setattr(engine, "_after_failed_call", restarted)
+    with pytest.raises(EngineRestarted):
+        engine._each_engine("POST", "/release_memory_occupation", {})
+    assert engine._each_engine("POST", "/release_memory_occupation", {}) == [
+        {"url": "http://a"},
+        {"url": "http://b"},
+    ]
+    assert calls == ["http://a", "http://b", "http://b"]
+    engine._each_engine("POST", "/release_memory_occupation", {})
+    assert calls[3:] == ["http://a", "http://b"]

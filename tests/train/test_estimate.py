@@ -48,6 +48,14 @@ def test_a_launched_fleet_counts_its_engines_and_router() -> None:
     assert fleet["engine weights"] == fleet["rollout KV cache (transient)"] == 0
 
 
+def test_more_ranks_count_their_processes_and_micro_batches() -> None:
+    config = config_from_args(build_parser().parse_args(["train"]))
+    one = {p.name: p.bytes for p in estimate(config, baseline=100)[0]}
+    two = {p.name: p.bytes for p in estimate(config, baseline=100, world_size=2)[0]}
+    assert two["other ranks' processes (1)"] == 100 and two["trainer weights"] == one["trainer weights"]
+    assert two["training micro-batch (transient)"] == 2 * one["training micro-batch (transient)"]
+
+
 def test_the_command_prints_the_table(capsys) -> None:
     assert main(["estimate", "memory", "--num-rollout", "1"]) == 0
     out = capsys.readouterr().out
@@ -60,6 +68,10 @@ def test_the_command_prints_the_table(capsys) -> None:
         (["--rollout-batch-size", "0"], "--rollout-batch-size must be >= 1"),
         (["--hf-checkpoint", "/nonexistent"], "/nonexistent"),
         (["--rollout-batch-size", "x"], "grpolab estimate memory: error: argument --rollout-batch-size"),
+        (
+            ["--rollout-num-engines", "2", "--use-fault-tolerance", "--nproc-per-node", "2"],
+            "runs on one rank",
+        ),
     ],
 )
 def test_bad_flags_exit_2(capsys, flags: list[str], message: str) -> None:
