@@ -74,3 +74,22 @@ def cli_in_fresh_process(argv: list[str], cwd: Path) -> tuple[int, list[str], su
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
     return result["code"], result["heavy"], proc
+
+
+def engines_after_first_metrics(
+    proc: subprocess.Popen, run_dir: Path, timeout_s: float = 300
+) -> tuple[list[int], list[int]]:
+    """Wait until the `grpolab train` process `proc` wrote its first metrics line in `run_dir`, then return
+    (its child processes, the `grpolab serve` engines among them) by pid; fails quoting its stderr if it
+    exits first or `timeout_s` passes."""
+    import time
+
+    from grpolab.diagnose.common.procfs import proc_children
+
+    metrics_file = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while not metrics_file.exists() or not metrics_file.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    children = proc_children(proc.pid)
+    return children, [p for p in children if b"serve" in (Path("/proc") / str(p) / "cmdline").read_bytes()]

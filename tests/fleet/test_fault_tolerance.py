@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import engines_after_first_metrics
 from safetensors.torch import load_file
 
 from grpolab.core.engine.client import EngineGoneError
@@ -196,24 +197,13 @@ def test_a_hung_engine_is_killed_and_restarted(tmp_path: Path) -> None:
     engine is killed and restarted like one that exited, and the run finishes."""
     import os
     import signal
-    import time
-
-    from grpolab.diagnose.common.procfs import proc_children
 
     run = tmp_path / "run"
     argv = [sys.executable, "-m", "grpolab", "train", "--run-dir", str(run), *SMALL, "--num-rollout", "6",
             "--rollout-num-engines", "1", "--use-fault-tolerance", "--engine-failure-timeout", "5"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-            time.sleep(0.2)
-        engines = [
-            p
-            for p in proc_children(proc.pid)
-            if b"serve" in (Path("/proc") / str(p) / "cmdline").read_bytes()
-        ]
+        _, engines = engines_after_first_metrics(proc, run)
         os.kill(engines[0], signal.SIGSTOP)
         out, err = proc.communicate(timeout=300)
     finally:

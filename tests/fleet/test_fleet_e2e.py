@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import engines_after_first_metrics
 
 from grpolab.diagnose.common.procfs import proc_children, proc_state
 from grpolab.replay.recording import load_rollout
@@ -114,12 +115,7 @@ def test_a_killed_engine_fails_the_run_at_once_and_leaves_no_process(tmp_path: P
     argv += ["--rollout-num-engines", "1"]  # the default --engine-failure-timeout, 60 s
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-            time.sleep(0.2)
-        fleet = proc_children(proc.pid)
-        engines = [p for p in fleet if b"serve" in (Path("/proc") / str(p) / "cmdline").read_bytes()]
+        fleet, engines = engines_after_first_metrics(proc, run)
         assert len(engines) == 1 and len(fleet) == 2, fleet  # one engine and the router
         os.kill(engines[0], signal.SIGKILL)
         killed = time.monotonic()

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import engines_after_first_metrics
 
-from grpolab.diagnose.common.procfs import proc_children
 from grpolab.rundir.reader import read_events
 
 SMALL = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--no-progress"]
@@ -31,12 +31,7 @@ def test_a_sigstopped_engine_fails_the_run_within_the_failure_timeout(tmp_path: 
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     engine = None
     try:
-        deadline = time.monotonic() + 300
-        while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
-            time.sleep(0.2)
-        fleet = proc_children(proc.pid)
-        engines = [p for p in fleet if b"serve" in (Path("/proc") / str(p) / "cmdline").read_bytes()]
+        fleet, engines = engines_after_first_metrics(proc, run)
         assert len(engines) == 1, fleet
         engine = engines[0]
         os.kill(engine, signal.SIGSTOP)
