@@ -206,9 +206,11 @@ def check_kills_have_a_fleet(actions: Sequence[FaultAction], launches_engines: b
     """
     for index, action in enumerate(actions):
         if action.action in _KILLS and not launches_engines:
-            _fail(
-                f"item {index}: ", f"{action.action} needs engines the run launches (--rollout-num-engines N)"
-            )
+            _refuse_kill(index, action)
+
+
+def _refuse_kill(index: int, action: FaultAction) -> NoReturn:
+    _fail(f"item {index}: ", f"{action.action} needs engines the run launches (--rollout-num-engines N)")
 
 
 def sleep_forever_injected() -> NoReturn:
@@ -285,10 +287,7 @@ class FaultInjector:
             if action.action == "stop_engine_at_end" and on_stop_engine is None:
                 _fail(f"item {index}: ", "stop_engine_at_end needs a running engine, and this run has none")
             if action.action in _KILLS and on_kill_engine is None:
-                _fail(
-                    f"item {index}: ",
-                    f"{action.action} needs engines the run launches (--rollout-num-engines N)",
-                )
+                _refuse_kill(index, action)
             self._mine.append((index, action))
 
     def pending(self) -> list[FaultAction]:

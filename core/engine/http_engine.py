@@ -51,7 +51,7 @@ from grpolab.core.engine.fleet import Fleet
 from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError, call_json
 from grpolab.core.engine.http_pool import KeepAlivePool
 from grpolab.core.engine.liveness import LastAnswers, LivenessWatch
-from grpolab.core.engine.restart import Restarter, RestartRecord, WeightSource
+from grpolab.core.engine.restart import CallAnswers, Restarter, RestartRecord, WeightSource
 from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer, parse_mismatches, request_rid
 from grpolab.core.engine.weight_bucket import bucket_on_disk
 
@@ -126,9 +126,9 @@ class HttpEngine:
         self._answered_at: float | None = None  # when the last rollout's requests were all answered
         self._answers = LastAnswers()  # when each engine last answered (failures are timed from there)
         self.restarter: Restarter | None = None  # --use-fault-tolerance (`enable_fault_tolerance`)
-        self._partial: tuple[object, dict[int, object]] = (None, {})  # the running call's answers, by request
+        self._partial = CallAnswers()  # the running generate call's answers, by request index
         self._sending = False  # a generate call's requests are out (`_send_all`)
-        self._control: tuple[object, dict[str, object]] = (None, {})  # the running control call's answers
+        self._control = CallAnswers()  # the running control call's answers, by engine URL
         self._kill_when_queued: int | None = None  # the kill_engine_in_rollout fault: this engine
 
     @property
@@ -154,8 +154,7 @@ class HttpEngine:
         key = (params, [(r.prompt_ids, r.seed) for r in requests])
         # the answers of this same call before it failed (the client repeats it), kept until it succeeds:
         # what was answered before an engine died is not asked again
-        kept = self._partial[1] if self._partial[0] == key else {}
-        self._partial = (key, kept)
+        kept = self._partial.begin(key)
         self._check_health_unless_fresh()
         start = time.perf_counter()
         call = next(self._calls)
@@ -166,7 +165,7 @@ class HttpEngine:
         if self.restarter is not None:  # the first call after a restart: what it sends again
             self.restarter.count_retried(key, len(todo))
         self._send_all(bodies, params.filters_support, kept)
-        self._partial = (None, {})
+        self._partial.end()
         results = [parse_generate_answer(kept[i], params, self.weight_version) for i in range(len(requests))]
         seconds = time.perf_counter() - start
         tokens = float(sum(len(r.response_ids) for r in results))
@@ -454,7 +453,7 @@ class HttpEngine:
             if dead[0] in self.fleet.engines:
                 self._suspect = self.fleet.engines.index(dead[0])
                 if self.restarter is not None:  # --use-fault-tolerance: back, checked, or gone
-                    call = self._partial[0] if self._sending else None  # the call whose requests were out
+                    call = self._partial.key if self._sending else None  # the call whose requests were out
                     record = self.restarter.bring_back(self._suspect, what, weight_version=self.weight_version,
                                                        released=self.memory_released, call=call)  # fmt: skip
                     self.engine_urls[self._suspect] = record.new_url
@@ -486,9 +485,7 @@ class HttpEngine:
         it failed part-way (`client.EngineClient` repeats it once a restart brought an engine back) skips
         the engines that already answered it: `/release_memory_occupation` twice is refused (SGLang's
         rule), and the restarted engine was brought to the fleet's state before it rejoined."""
-        key = (method, path, repr(body))
-        done = self._control[1] if self._control[0] == key else {}
-        self._control = (key, done)
+        done = self._control.begin((method, path, repr(body)))
         for i, url in enumerate(self.engine_urls):
             if url in done:
                 continue
@@ -499,7 +496,7 @@ class HttpEngine:
                 self._after_failed_call(e)
                 raise
             except EngineRequestError:  # the request itself was refused: nothing to resume
-                self._control = (None, {})
+                self._control.end()
                 raise
-        self._control = (None, {})
+        self._control.end()
         return [done[url] for url in self.engine_urls]

@@ -42,6 +42,27 @@ CONTROL_TIMEOUT_S = 120.0
 buckets load in < 1 s and its checksum takes ~0.3 s on CPU)."""
 
 
+class CallAnswers:
+    """The answers one call got from part of its targets before it failed, kept for the same call repeated
+    (`client.EngineClient` repeats a failed call; after a restart only what was not answered is asked
+    again). `begin(key)` gives the answers kept for `key` (empty for another call), `end()` forgets them
+    once the call succeeded or must not be resumed. `key` is the running call's, else None."""
+
+    def __init__(self) -> None:
+        self.key: object = None
+        self.answers: dict = {}
+
+    def begin(self, key: object) -> dict:
+        """The answers kept for the call `key` (filled in by the caller as they come), empty for a new call."""
+        if key != self.key:
+            self.key, self.answers = key, {}
+        return self.answers
+
+    def end(self) -> None:
+        """Nothing to resume: the call succeeded, or failed for a reason a repeat would not change."""
+        self.key, self.answers = None, {}
+
+
 class EngineRestartRefused(RuntimeError):
     """A restarted engine failed its check (weight version or a tensor's checksum): it is not registered."""
 
@@ -160,7 +181,7 @@ class Restarter:
         self.attempts = 0  # restarts begun, those that failed included
         self.hung: dict[int, str] = {}  # engines `kill_hung` killed, and why
         self._unretried: RestartRecord | None = None  # the last restart, until the call it broke is repeated
-        self._untaken = 0  # how many of `done` `take` has not returned yet
+        self._untaken: list[RestartRecord] = []  # the restarts `take` has not returned yet
 
     @property
     def left(self) -> int:
@@ -192,7 +213,7 @@ class Restarter:
             tensors=len(expected), seconds=time.monotonic() - start,
         )  # fmt: skip
         self.done.append(record)
-        self._untaken += 1
+        self._untaken.append(record)
         return record
 
     def kill_hung(self, i: int, url: str, why: str) -> None:
@@ -237,9 +258,7 @@ class Restarter:
                 failed += 1
                 self.fleet.kill(i)  # a start that never listened may still run: it goes before the next
                 continue
-            except (
-                RuntimeError
-            ) as e:  # EngineRestartRefused, HttpCallError, a failed load: not a start's luck
+            except RuntimeError as e:  # refused, HttpCallError, a failed load: another start would not help
                 raise EngineGoneError(f"{what}; its restart failed: {e}") from None
             record.call, self._unretried = call, record
             record.failed_starts, record.seconds = failed, time.monotonic() - start
@@ -247,6 +266,5 @@ class Restarter:
 
     def take(self) -> list[RestartRecord]:
         """The restarts since the last `take` (for the rollout's events and metrics)."""
-        new = self.done[len(self.done) - self._untaken :] if self._untaken else []
-        self._untaken = 0
+        new, self._untaken = self._untaken, []
         return new

@@ -8,6 +8,7 @@ removes it afterwards, also when a call failed.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -58,7 +59,5 @@ def tensor_checksum(tensor: torch.Tensor) -> str:
     """The first 16 hex digits of the sha256 of `tensor`'s bytes (contiguous, on CPU, in its own dtype):
     what `grpolab serve`'s `/weights_checker` "checksum" reports per tensor, and what a restarted
     engine's tensors must equal (`restart.check_restarted`)."""
-    import hashlib
-
     data = tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
     return hashlib.sha256(data).hexdigest()[:16]
