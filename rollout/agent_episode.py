@@ -3,7 +3,7 @@
     async def run(base_url, prompt, request_kwargs, metadata, **kw) -> reward | [reward per model turn]
 
 Per sample a token-in/token-out session is opened on the engine's HTTP door (rollout/door.py,
-serve/sessions.py); `base_url` is its OpenAI base (`.../sessions/<id>/v1`: `OpenAI(base_url=...)` posts
+serve/sessions.py; the episodes that start together open theirs in one request); `base_url` is its OpenAI base (`.../sessions/<id>/v1`: `OpenAI(base_url=...)` posts
 to its `/chat/completions`), `prompt` the prompt's chat messages, `request_kwargs` what every request
 passes (`model`, `temperature`, `top_p`, `max_tokens`, `seed`: the sample's seed; `extra_body` with
 `top_k` when set), `metadata` the sample's label and indices. The agent sends the whole history each
@@ -42,13 +42,14 @@ MAX_OPEN_EPISODES = 256
 engine batches at most 256 requests): the rest wait their turn."""
 
 
-def _call(url: str, method: str) -> dict:
-    """One JSON request to the door (loopback or the fleet's router).
+def _call(url: str, method: str, body: dict | None = None) -> dict:
+    """One JSON request to the door (loopback or the fleet's router); a POST sends `body` (default `{}`).
 
     Raises:
         RuntimeError: the server answered an HTTP error (its status and message quoted) or did not answer.
     """
-    req = urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method,
+    data = json.dumps(body or {}).encode() if method == "POST" else None
+    req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})  # fmt: skip
     try:
         with urllib.request.urlopen(req, timeout=60) as answer:
@@ -59,6 +60,43 @@ def _call(url: str, method: str) -> dict:
     except OSError as e:
         raise RuntimeError(f"{method} {url} failed: {e}") from None
     return json.loads(body) if body else {}
+
+
+class SessionOpener:
+    """Opens the sessions of the episodes that start together with one `POST /sessions {"count": N}`
+    (serve/sessions.py) instead of N requests: the first episode to ask yields once, so every episode
+    scheduled beside it joins its request. A session whose episode was cancelled while it waited is
+    deleted again."""
+
+    def __init__(self, base: str) -> None:
+        self._url = f"{base}/sessions"
+        self._waiting: list[asyncio.Future] = []
+
+    async def open(self) -> str:
+        """A new session's id.
+
+        Raises:
+            RuntimeError: `_call`'s, for every episode of the request.
+        """
+        mine = asyncio.get_running_loop().create_future()
+        self._waiting.append(mine)
+        if len(self._waiting) == 1:
+            await asyncio.sleep(0)  # the episodes scheduled beside this one join its request
+            batch, self._waiting = self._waiting, []
+            try:
+                opened = await asyncio.to_thread(_call, self._url, "POST", {"count": len(batch)})
+                sids = opened["session_ids"]
+            except Exception as e:  # every waiting episode fails with the server's answer
+                for fut in batch:
+                    if not fut.done():
+                        fut.set_exception(e)
+            else:
+                for fut, sid in zip(batch, sids):
+                    if fut.done():  # cancelled while it waited: nobody will delete it
+                        await asyncio.to_thread(_call, f"{self._url}/{sid}", "DELETE")
+                    else:
+                        fut.set_result(sid)
+        return await mine
 
 
 def request_kwargs(sampling: SamplingParams, seed: int, model: str) -> dict[str, Any]:
@@ -148,6 +186,7 @@ def run_agents(
     """
     name = function_name(fn)
     open_episodes = asyncio.Semaphore(MAX_OPEN_EPISODES)
+    opener = SessionOpener(base)
 
     async def one(s: PlannedSample) -> Sample:
         async with open_episodes:
@@ -156,7 +195,7 @@ def run_agents(
     async def episode(s: PlannedSample) -> Sample:
         sample = f"sample {s.index} (group {s.group}, prompt row {s.prompt.index})"
         where = f"{AGENT_FLAG} {name} on {sample}"
-        sid = (await asyncio.to_thread(_call, f"{base}/sessions", "POST"))["session_id"]
+        sid = await opener.open()
         try:
             metadata = {
                 "label": s.prompt.label,

@@ -1,6 +1,6 @@
 """Token-in/token-out sessions: one agent trajectory whose every turn keeps the exact ids.
 
-Routes: `POST /sessions` -> `{"session_id"}`; `POST /sessions/<id>/v1/chat/completions` takes the
+Routes: `POST /sessions` -> `{"session_id"}` (`{"count": N}` -> `{"session_ids"}`); `POST /sessions/<id>/v1/chat/completions` takes the
 whole message history each turn (as agents send it) and generates on the session's ids plus only
 the new messages tokenised (`core/turns/record.py` gives the rule); `GET /sessions/<id>` returns the
 token record (ids, per-token source and turn, loss mask, log-probs, weight version per generated
@@ -63,22 +63,30 @@ def _session(state: ServerState, request: Request) -> tuple[str, Session]:
 
 
 async def open_session(state: ServerState, request: Request) -> Response:
-    """`POST /sessions` (an empty body or `{}`) -> `{"session_id": "<hex>"}`; 400 naming any field of the body
-    (a session takes no options: its settings come with each turn), 503 when `MAX_SESSIONS` are open."""
+    """`POST /sessions`: an empty body or `{}` -> `{"session_id": "<hex>"}`; `{"count": N}` opens N at once
+    -> `{"session_ids": [...]}` (a rollout that starts its episodes together opens their sessions in one
+    request, not N). 400 naming any other field or a count that is not an integer >= 1; 503 when the
+    sessions would pass `MAX_SESSIONS` open."""
     body = await read_object(request, contract=False)
+    count = body.pop("count", None)
     if body:
         return error_response(
-            f"POST /sessions takes no fields, got {', '.join(map(repr, sorted(body)))} (send {{}} or no body; "
-            "sampling settings go with each turn's chat request)"
+            f"POST /sessions takes only 'count', got {', '.join(map(repr, sorted(body)))} (send {{}}, no body "
+            'or {"count": N}; sampling settings go with each turn\'s chat request)'
         )
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+        return error_response(f"POST /sessions 'count' must be an integer >= 1, got {count!r}")
     store = state.sessions
-    if len(store) >= MAX_SESSIONS:
+    if len(store) + (count or 1) > MAX_SESSIONS:
         return error_response(
-            f"{MAX_SESSIONS} sessions are open; DELETE /sessions/<id> the finished ones", 503
+            f"{len(store)} of at most {MAX_SESSIONS} sessions are open, {count or 1} more asked; "
+            "DELETE /sessions/<id> the finished ones",
+            503,
         )
-    sid = secrets.token_hex(16)
-    store[sid] = Session()
-    return JSONResponse({"session_id": sid})
+    sids = [secrets.token_hex(16) for _ in range(count or 1)]
+    for sid in sids:
+        store[sid] = Session()
+    return JSONResponse({"session_id": sids[0]} if count is None else {"session_ids": sids})
 
 
 async def session_record(state: ServerState, request: Request) -> Response:

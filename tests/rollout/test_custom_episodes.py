@@ -191,3 +191,37 @@ def test_episode_function_bad_input_exits_2(
         main(["train", *BASE, *extra, "--run-dir", str(tmp_path / "run")])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_episodes_that_start_together_open_their_sessions_in_one_request(monkeypatch) -> None:
+    """SessionOpener: 5 episodes scheduled together send one POST /sessions {"count": 5}; one started
+    after them sends its own; an episode cancelled while it waited gets its session deleted."""
+    from grpolab.rollout import agent_episode
+
+    calls: list[tuple[str, str, dict | None]] = []
+
+    def fake_call(url: str, method: str, body: dict | None = None) -> dict:
+        calls.append((url, method, body))
+        if method == "DELETE":
+            return {"success": True}
+        assert body is not None
+        return {"session_ids": [f"s{len(calls)}-{i}" for i in range(body["count"])]}
+
+    monkeypatch.setattr(agent_episode, "_call", fake_call)
+
+    async def scenario() -> tuple[list[str], str, list[tuple[str, str, dict | None]]]:
+        opener = agent_episode.SessionOpener("http://door")
+        together = await asyncio.gather(*(opener.open() for _ in range(5)))
+        later = await opener.open()
+        calls_before = len(calls)
+        first, doomed = asyncio.ensure_future(opener.open()), asyncio.ensure_future(opener.open())
+        await asyncio.sleep(0)
+        doomed.cancel()
+        await first
+        return list(together), later, calls[calls_before:]
+
+    together, later, last = asyncio.run(scenario())
+    assert calls[0] == ("http://door/sessions", "POST", {"count": 5}) and len(set(together)) == 5
+    assert calls[1] == ("http://door/sessions", "POST", {"count": 1}) and later == "s2-0"
+    assert last[0] == ("http://door/sessions", "POST", {"count": 2})
+    assert last[1] == ("http://door/sessions/s3-1", "DELETE", None)  # the cancelled episode's session

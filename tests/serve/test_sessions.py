@@ -176,8 +176,18 @@ def test_open_takes_no_fields_and_wrong_methods_answer_json(server):
     ans = server.call("/sessions", {"capacity_of_str_len": 100})
     assert (
         ans.status == 400
-        and "POST /sessions takes no fields, got 'capacity_of_str_len'" in ans.body["error"]["message"]
+        and "POST /sessions takes only 'count', got 'capacity_of_str_len'" in ans.body["error"]["message"]
     )
+    many = server.call("/sessions", {"count": 3})  # a rollout's episodes open theirs in one request
+    assert many.status == 200 and len(set(many.body["session_ids"])) == 3
+    assert all(
+        server.call(f"/sessions/{sid}", method="GET").status == 200 for sid in many.body["session_ids"]
+    )
+    for bad in (0, -1, 2.5, True, "3"):
+        ans = server.call("/sessions", {"count": bad})
+        assert ans.status == 400 and "'count' must be an integer >= 1" in ans.body["error"]["message"], bad
+    ans = server.call("/sessions", {"count": 5000})
+    assert ans.status == 503 and "at most 1024 sessions" in ans.body["error"]["message"]
     wrong = server.call("/sessions", method="GET")  # the route takes POST only
     assert wrong.status == 405 and wrong.body == {"detail": "Method Not Allowed"}
     missing = server.call("/no_such_route")
