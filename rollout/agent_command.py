@@ -113,6 +113,11 @@ def run_agent_command(args: argparse.Namespace) -> int:
             out = Path(format_path(path, 0) if "{rollout_id}" in path else path)
         if args.num_prompts < 1 or args.n_samples_per_prompt < 1:
             raise ValueError("--num-prompts and --n-samples-per-prompt must be >= 1")
+        if out is not None and out.is_dir():  # --force replaces a recording, never a directory
+            raise ValueError(
+                f"--save-debug-rollout-data {out} is a directory; give the recording file to write, "
+                f"e.g. {out / 'rollout_0.grz'}"
+            )
         if out is not None and out.exists() and not args.force:
             raise ValueError(f"--save-debug-rollout-data {out} exists; pass --force to replace it")
         found = load_episode_function(AgentConfig(custom_agent_function_path=args.agent))

@@ -110,9 +110,13 @@ class ChatRequest:
     seed_given: bool
 
 
+ROLES = ("system", "user", "assistant", "tool")
+"""The message roles the chat route takes (the chat templates' roles; OpenAI's legacy `function` and `developer` are refused)."""
+
+
 def _check_messages(messages: object) -> list:
-    """The messages list, each with a string role and a content (a string or parts; an assistant
-    message with `tool_calls` may have none).
+    """The messages list, each with a role of `ROLES` and a string content (an assistant message with
+    `tool_calls` may have none; content parts are refused: text models only).
 
     Raises:
         RequestError: missing, empty, or a malformed message (naming its index and keys).
@@ -120,17 +124,22 @@ def _check_messages(messages: object) -> list:
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise RequestError("messages must be a non-empty list of {role, content} objects")
     for i, m in enumerate(messages):
-        if not isinstance(m.get("role"), str):
+        if m.get("role") not in ROLES:
             raise RequestError(
-                f"messages[{i}] must have a string role, got {m.get('role')!r} (keys {sorted(m)})"
+                f"messages[{i}] has role {m.get('role')!r}; expected one of {', '.join(ROLES)} (keys {sorted(m)})"
             )
         content = m.get("content")
         calls = m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list)
-        if not (isinstance(content, (str, list)) or (content is None and calls)):
+        if isinstance(content, list):
+            raise RequestError(
+                f"messages[{i}] ({m['role']}) has a list of content parts; this server takes text models' "
+                "string content only (send the text as one string)"
+            )
+        if not (isinstance(content, str) or (content is None and calls)):
             kind = "missing" if "content" not in m else "null" if content is None else type(content).__name__
             raise RequestError(
-                f"messages[{i}] ({m['role']}) needs a content, a string or a list of parts; it is {kind} (only "
-                "an assistant message with tool_calls may have none)"
+                f"messages[{i}] ({m['role']}) needs a string content; it is {kind} (only an assistant "
+                "message with tool_calls may have none)"
             )
     # an assistant turn that only called tools (OpenAI's content: null) renders as an empty content
     return [dict(m, content="") if m.get("content") is None else m for m in messages]

@@ -160,11 +160,15 @@ async def session_chat(state: ServerState, request: Request) -> Response:
         _, session = _session(state, request)
     except LookupError as e:
         return error_response(str(e), 404)
-    req = parse_chat(
-        await read_object(request, contract=False),
-        eos_ids=state.eos_ids,
-        deterministic=state.settings.deterministic,
-    )
+    try:
+        req = parse_chat(
+            await read_object(request, contract=False),
+            eos_ids=state.eos_ids,
+            deterministic=state.settings.deterministic,
+        )
+    except RequestError as e:  # kept as the session's last refusal too, for the agent's runner
+        session.last_error = f"400: {e}"
+        return JSONResponse(e.body, status_code=400)
     if session.lock.locked():
         return error_response(
             "this session's previous turn is still running; a trajectory's turns are sequential", 409

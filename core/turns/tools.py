@@ -83,7 +83,10 @@ def _async_function(path: str, flag: str, contract: str, positional: int | None 
         try:
             signature.bind(*range(positional))
         except TypeError as e:
-            raise ValueError(f"{flag} {path}{signature}: must be `{contract}` ({e})") from None
+            raise ValueError(
+                f"{flag} {path}{signature}: must be `{contract}`; it cannot be called with the contract's "
+                f"{positional} positional arguments ({e})"
+            ) from None
     return fn
 
 

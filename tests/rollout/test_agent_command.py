@@ -49,6 +49,12 @@ def test_agent_run_prints_every_turn_and_records_the_rollout(
     assert main(argv) == 2  # the recording exists: nothing is overwritten without --force
     assert "exists; pass --force" in capsys.readouterr().err
     assert main([*argv, "--force"]) == 0
+    folder = tmp_path / "a-folder"
+    (folder / "kept.txt").parent.mkdir()
+    (folder / "kept.txt").write_text("mine")
+    assert main([*argv[:-1], str(folder), "--force"]) == 2  # --force replaces a recording, not a folder
+    assert "is a directory; give the recording file" in capsys.readouterr().err
+    assert (folder / "kept.txt").read_text() == "mine"
     template = ["--save-debug-rollout-data", str(tmp_path / "ep_{rollout_id}.grz")]  # a training template
     assert main([*argv[:-2], *template]) == 0 and load_rollout(tmp_path / "ep_0.grz").samples
 

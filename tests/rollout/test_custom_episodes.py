@@ -145,7 +145,8 @@ def test_a_broken_episode_function_fails_the_run_naming_it(
         ),
         (
             ["--custom-agent-function-path", "agent_tools.agent_wrong_signature"],
-            "must be `async def run(base_url, prompt, request_kwargs, metadata, **kw) -> reward` (too many positional",
+            "must be `async def run(base_url, prompt, request_kwargs, metadata, **kw) -> reward`; it cannot be called "
+            "with the contract's 4 positional arguments (too many positional",
         ),
         (
             [

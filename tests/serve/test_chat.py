@@ -196,8 +196,8 @@ def test_tools_reach_the_template_and_a_plain_answer_stays_text(client):
         ({"tool_choice": "sometimes"}, "tool_choice must be auto, none, required or {type: function"),
         ({"seed": 2**64}, "seed must be an integer in [-2**63, 2**63 - 1]"),
         ({"max_tokens": -1}, "max_tokens must be >= 0"),
-        ({"messages": [{"role": "user", "content": None}]}, "messages[0] (user) needs a content"),
-        ({"messages": [{"role": 5, "content": "hi"}]}, "messages[0] must have a string role, got 5"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0] (user) needs a string content"),
+        ({"messages": [{"role": 5, "content": "hi"}]}, "messages[0] has role 5; expected one of system"),
         ({"max_tokens": "5"}, "max_tokens must be an integer, got '5'"),
         ({"temperature": "hot"}, "temperature must be a number"),
         (

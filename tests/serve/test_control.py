@@ -214,12 +214,17 @@ def test_corrupt_safetensors_and_unknown_checker_action_are_400(server, tmp_path
     [
         (
             [{"role": "user"}],
-            "messages[0] (user) needs a content, a string or a list of parts; it is missing",
+            "messages[0] (user) needs a string content; it is missing",
         ),
-        ([{"content": "hi"}], "messages[0] must have a string role, got None"),
+        ([{"content": "hi"}], "messages[0] has role None; expected one of system, user, assistant, tool"),
+        ([{"role": "bogus", "content": "hi"}], "messages[0] has role 'bogus'; expected one of"),
+        (
+            [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "messages[0] (user) has a list of content parts; this server takes text models' string content only",
+        ),
         (
             [{"role": "user", "content": None}],
-            "messages[0] (user) needs a content, a string or a list of parts; it is null",
+            "messages[0] (user) needs a string content; it is null",
         ),
     ],
 )

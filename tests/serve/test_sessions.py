@@ -105,15 +105,15 @@ def test_a_rewritten_history_is_a_409_and_a_failed_turn_changes_nothing(server):
     parts = {
         "role": "tool",
         "content": [{"type": "text", "text": "7"}],
-    }  # the tiny template joins strings only
+    }  # text models' string content only
     ans = server.call(
         f"/sessions/{sid}/v1/chat/completions", {"messages": [USER, reply, parts], "max_tokens": 2}
     )
-    assert ans.status == 400 and "cannot apply the chat template" in ans.text
+    assert ans.status == 400 and "has a list of content parts" in ans.text
     after = server.call(f"/sessions/{sid}").body
     assert after.pop("last_error").startswith(
-        "400: cannot apply the chat template"
-    )  # why, for the agent's runner
+        "400: messages[2] (tool) has a list of content parts"
+    )  # for the runner
     assert after == before
     for body, needle in (
         ({"messages": [USER], "n": 2}, "n must be 1"),
