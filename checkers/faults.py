@@ -198,8 +198,12 @@ def check_reachable(actions: Sequence[FaultAction], num_rollout: int) -> None:
             )
 
 
-def check_kills_have_a_fleet(actions: Sequence[FaultAction], launches_engines: bool) -> None:
-    """Refuse a kill_engine_* action on a run that launches no engines (`--rollout-num-engines`).
+def check_kills_have_a_fleet(
+    actions: Sequence[FaultAction], launches_engines: bool, *, world_size: int = 1, trains: bool = True
+) -> None:
+    """Before the run (no torch): refuse an action that would never fire: a kill_engine_* action on a run
+    that launches no engines (`--rollout-num-engines`), an action of a rank past `world_size`, and one
+    fired in training (`train`, `before_allreduce`) on a run that does not train (`--debug-rollout-only`).
 
     Raises:
         ValueError: naming `--ci-ft-test-actions`, the item and the action.
@@ -207,6 +211,16 @@ def check_kills_have_a_fleet(actions: Sequence[FaultAction], launches_engines: b
     for index, action in enumerate(actions):
         if action.action in _KILLS and not launches_engines:
             _refuse_kill(index, action)
+        if action.rank >= world_size:
+            _fail(
+                f"item {index}: ",
+                f"field 'rank': rank {action.rank} does not exist (world size {world_size})",
+            )
+        if not trains and ACTION_POINTS[action.action] in ("train", "before_allreduce"):
+            _fail(
+                f"item {index}: ",
+                f"{action.action} fires in training, and --debug-rollout-only trains nothing",
+            )
 
 
 def _refuse_kill(index: int, action: FaultAction) -> NoReturn:

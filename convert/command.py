@@ -30,7 +30,7 @@ def add_convert_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--origin-hf-dir", metavar="M", help="the model the run started from (its --hf-checkpoint)"
     )
-    p.add_argument("--force", action="store_true", help="replace a non-empty --output-dir")
+    p.add_argument("--force", action="store_true", help="replace an earlier export at --output-dir")
 
 
 def run_convert_command(args: argparse.Namespace) -> int:

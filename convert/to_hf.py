@@ -12,7 +12,7 @@ Mapping (Miles #735: conversions that broke on wrapped or tied models): the orig
 grouped by storage (a tied `lm_head.weight` shares `model.embed_tokens.weight`'s); each group must be
 named by exactly one checkpoint tensor of its shape, and every checkpoint tensor must name a group. A
 refused export names the tensor. The folder is written beside OUT and renamed into place (atomic); an
-existing non-empty OUT needs `force`.
+existing non-empty OUT must be an earlier export (it holds `grpolab_export.json`) and needs `force`.
 """
 
 from __future__ import annotations
@@ -97,10 +97,11 @@ def _log_probs(model: torch.nn.Module, vocab: int) -> list[torch.Tensor]:
         return rescored(model, answers, temperature=1.0, vocab_size=vocab, device="cpu")
 
 
-def check_output_dir(out: Path, ckpt: Path, *, force: bool) -> None:
-    """`--output-dir` may be written: a directory (or nothing yet) that is empty unless `force`, and neither the
-    checkpoint, a folder holding it, nor a folder inside it (`--force` replaces OUT whole: it must never take
-    the checkpoint with it).
+def check_output_dir(out: Path, ckpt: Path, *, force: bool, origin: str | None = None) -> None:
+    """`--output-dir` may be written: a directory (or nothing yet) that is empty, or with `force` an earlier
+    export (a folder holding `EXPORT_FILE`: `--force` replaces exports, never other folders); and neither
+    the checkpoint, a folder holding it, a folder inside it, the origin model (`origin`), nor the working
+    directory or a folder holding it (`--force` replaces OUT whole: it must never take them with it).
 
     Raises:
         ExportError: naming `--output-dir` and why.
@@ -114,8 +115,24 @@ def check_output_dir(out: Path, ckpt: Path, *, force: bool) -> None:
         where = "inside" if source in mine.parents else "" if mine == source else "a folder holding "
         raise ExportError(f"--output-dir {out} is {where + ' ' if where == 'inside' else where}the checkpoint --to-hf {ckpt}; write the export elsewhere "
                           "(--force replaces --output-dir whole)")  # fmt: skip
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ExportError(f"--output-dir {out} exists and is not empty; pass --force to replace it")
+    if origin is not None and Path(origin).exists():
+        model = Path(origin).resolve()
+        if mine == model or mine in model.parents:
+            raise ExportError(f"--output-dir {out} is or holds the origin model --origin-hf-dir {origin}; write the "
+                              "export elsewhere")  # fmt: skip
+    here = Path.cwd().resolve()
+    if mine == here or mine in here.parents:
+        raise ExportError(
+            f"--output-dir {out} is or holds the working directory {here}; write the export elsewhere"
+        )
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ExportError(
+                f"--output-dir {out} exists and is not empty; pass --force to replace an earlier export"
+            )
+        if not (out / EXPORT_FILE).is_file():
+            raise ExportError(f"--output-dir {out} is not empty and holds no {EXPORT_FILE}: --force replaces an earlier "
+                              "export only, never another folder (empty it or choose a new one)")  # fmt: skip
 
 
 def export_to_hf(ckpt: Path, out: Path, origin: str, *, force: bool = False) -> Export:
@@ -136,7 +153,8 @@ def export_to_hf(ckpt: Path, out: Path, origin: str, *, force: bool = False) -> 
     if not (ckpt / "trainer_state.json").is_file() or not weights_file.is_file():
         raise ExportError(f"--to-hf {ckpt}: not a grpolab checkpoint (expected an iter_* folder of --save with "
                           "model.safetensors and trainer_state.json)")  # fmt: skip
-    check_output_dir(out, ckpt, force=force)
+    out = out.resolve()  # `.` or `..` named as the folder itself: its name and parent, not ""
+    check_output_dir(out, ckpt, force=force, origin=origin)
     if not Path(origin).exists():
         raise FileNotFoundError(f"--origin-hf-dir {origin}: no such model directory or .gguf file")
     state = read_trainer_state(ckpt, flag="--to-hf")

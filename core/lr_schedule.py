@@ -112,6 +112,20 @@ def resume_mismatch(
     if not fields and now == then:
         return None
     changed = "; ".join(f"{k} {getattr(before, k)!r} -> {getattr(schedule, k)!r}" for k in fields)
+    if now == then:  # the same next lr: the schedules part later
+        later = next(
+            (k for k in range(steps_done + 1, steps_done + 100_000) if before.lr_at(k) != schedule.lr_at(k)),
+            None,
+        )
+        where = (
+            f"; they first differ at step {later} ({before.lr_at(later):.6g} vs {schedule.lr_at(later):.6g})"
+            if later is not None
+            else ""
+        )
+        return (
+            f"the checkpoint was saved under another lr schedule ({changed}): its next step ({steps_done}) "
+            f"trains at lr {now:.6g} under both{where}"
+        )
     return (
         f"the checkpoint was saved under another lr schedule ({changed or 'same fields'}): its next step "
         f"({steps_done}) would train at lr {then:.6g}, this run's schedule gives {now:.6g}"

@@ -53,13 +53,16 @@ if TYPE_CHECKING:
     from grpolab.core.config import Config
 
 
-def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None) -> None:
+def check_inputs(
+    config: Config, *, world_size: int = 1, rank: int | None = None, run_dir: bool = True
+) -> None:
     """Check what `config` names on this machine, in its files and on the network (see the module docstring).
 
     `world_size`: the ranks the run will have (`launch.planned_world_size`: --nproc-per-node or
     torchrun's WORLD_SIZE; 1 otherwise), for `--profile-ranks`. `rank`: this process's rank (None: torchrun's
     RANK, 0 outside torchrun and in the launcher of `--nproc-per-node`); the rollout servers are checked
-    on rank 0 only (`check_rollout_servers`).
+    on rank 0 only (`check_rollout_servers`). `run_dir` False skips `--run-dir` (`grpolab estimate memory`
+    makes none) and the rollout servers.
     Imports no torch or transformers; imports the user's `--custom-rm-path` and tool modules.
 
     Raises:
@@ -69,7 +72,8 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     from grpolab.core.engine.factory import ENGINES
 
     check_on_this_machine(config)
-    check_run_dir(config)
+    if run_dir:
+        check_run_dir(config)
     ENGINES.get(config.rollout.rollout_engine)  # an unknown kind lists the known ones
     check_model(config.model.hf_checkpoint)
     if config.rollout.sglang_router_ip is None:  # engines this run builds or launches load the model
@@ -81,7 +85,8 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     if config.ci.ci_ft_test_actions is not None:
         actions = parse_fault_actions(config.ci.ci_ft_test_actions)
         check_reachable(actions, config.rollout.num_rollout)
-        check_kills_have_a_fleet(actions, launches_engines=config.rollout.rollout_num_engines > 0)
+        check_kills_have_a_fleet(actions, launches_engines=config.rollout.rollout_num_engines > 0,
+                                 world_size=world_size, trains=not config.debug.debug_rollout_only)  # fmt: skip
     check_padding_id(config)
     check_chat_template(config)
     check_prompt_data(config)
@@ -91,7 +96,7 @@ def check_inputs(config: Config, *, world_size: int = 1, rank: int | None = None
     load_episode_function(config.agent)  # --custom-generate-function-path / --custom-agent-function-path
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
     check_profiling_start(config, world_size=world_size)  # --profile-ranks, --memory-recorder
-    if (int(os.environ.get("RANK", "0")) if rank is None else rank) == 0:
+    if run_dir and (int(os.environ.get("RANK", "0")) if rank is None else rank) == 0:
         check_rollout_servers(config)  # last: a router that does not answer may take seconds
 
 

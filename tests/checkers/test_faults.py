@@ -252,6 +252,32 @@ def test_an_action_past_the_last_rollout_is_refused_at_start(tmp_path: Path, cap
     err = capsys.readouterr().err
     assert info.value.code == 2 and "--ci-ft-test-actions: item 0: field 'at_rollout' is 1" in err
     assert not run_dir.exists()
+    for extra, table, needle in (  # refused before torch, no run directory: they would never fire
+        (
+            [],
+            '[{"at_rollout": 0, "action": "raise_in_train", "rank": 1}]',
+            "rank 1 does not exist (world size 1)",
+        ),
+        (
+            ["--debug-rollout-only"],
+            '[{"at_rollout": 0, "action": "raise_in_train"}]',
+            "--debug-rollout-only trains",
+        ),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(
+                [
+                    "train",
+                    "--num-rollout",
+                    "1",
+                    "--ci-ft-test-actions",
+                    table,
+                    "--run-dir",
+                    str(run_dir),
+                    *extra,
+                ]
+            )
+        assert info.value.code == 2 and needle in capsys.readouterr().err and not run_dir.exists()
 
 
 def test_config_validation_parses_the_table_through_its_hook_in_a_fresh_process() -> None:

@@ -111,7 +111,18 @@ def test_bad_input_exits_2_and_loses_nothing(ckpt: Path, tmp_path: Path, capsys)
     assert (out / "mine.txt").read_text() == "keep me"
     other = REPO / "fixtures" / "tiny-qwen3-tools"
     assert (
-        main([*argv[:-1], str(other), "--force"]) == 2
+        main(
+            [
+                "convert",
+                "--to-hf",
+                str(ckpt),
+                "--output-dir",
+                str(tmp_path / "o2"),
+                "--origin-hf-dir",
+                str(other),
+            ]
+        )
+        == 2
         and "trained from another model" in capsys.readouterr().err
     )
     assert (out / "mine.txt").exists()
@@ -134,7 +145,39 @@ def test_bad_input_exits_2_and_loses_nothing(ckpt: Path, tmp_path: Path, capsys)
         == 2
     )
     assert "model.safetensors is unreadable" in capsys.readouterr().err
-    assert main([*argv, "--force"]) == 0 and not (out / "mine.txt").exists()
+    assert main([*argv, "--force"]) == 2  # --force replaces an earlier export, not someone's folder
+    assert "holds no grpolab_export.json: --force replaces an earlier export only" in capsys.readouterr().err
+    assert (out / "mine.txt").read_text() == "keep me"
+    export = tmp_path / "export"
+    again = ["convert", "--to-hf", str(ckpt), "--output-dir", str(export), "--origin-hf-dir", str(TINY)]
+    assert main(again) == 0 and main([*again, "--force"]) == 0 and (export / "grpolab_export.json").is_file()
+
+
+def test_force_never_replaces_the_working_directory_or_the_origin_model(
+    ckpt: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """`.` and `..` are the folders they name (once `.` emptied the working directory and failed with
+    errno 22), and the origin model is never the output, even when it is an earlier export."""
+    origin = shutil.copytree(TINY, tmp_path / "origin")
+    (origin / "grpolab_export.json").write_text("{}")  # an export trained on again: still the origin
+    inner = tmp_path / "work" / "inner"
+    inner.mkdir(parents=True)
+    (inner / "notes.txt").write_text("mine")
+    monkeypatch.chdir(inner)
+    for out, needle in ((".", "is or holds the working directory"), ("..", "is or holds the working directory"),
+                        (str(origin), "is or holds the origin model")):  # fmt: skip
+        argv = [
+            "convert",
+            "--to-hf",
+            str(ckpt),
+            "--output-dir",
+            out,
+            "--origin-hf-dir",
+            str(origin),
+            "--force",
+        ]
+        assert main(argv) == 2 and needle in capsys.readouterr().err, out
+    assert (inner / "notes.txt").read_text() == "mine" and (origin / "config.json").is_file()
 
 
 def test_force_never_replaces_the_checkpoint_and_a_bad_state_file_is_named(

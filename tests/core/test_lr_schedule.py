@@ -66,3 +66,14 @@ def test_which_resumes_are_refused() -> None:
     )  # both warm-ups over: the same lrs from here
     assert resume_mismatch(None, None, longer, 0) is None
     assert "is not a schedule" in resume_mismatch({"style": "cosine"}, None, longer, 0)
+
+
+def test_a_schedule_with_the_same_next_lr_names_the_step_where_they_part() -> None:
+    """Still in warm-up, cosine and linear give the same next lr: the refusal says so and names the
+    first step whose lr differs (before, it printed two equal lrs as if they differed)."""
+    saved = LRSchedule(style="cosine", lr=1.0, warmup_iters=4, decay_iters=8)
+    other = LRSchedule(style="linear", lr=1.0, warmup_iters=4, decay_iters=8)
+    why = resume_mismatch(saved.as_dict(), saved.lr_at(2), other, 2)
+    assert why is not None and "style 'cosine' -> 'linear'" in why
+    assert f"trains at lr {saved.lr_at(2):.6g} under both; they first differ at step 5" in why
+    assert saved.lr_at(4) == other.lr_at(4) and saved.lr_at(5) != other.lr_at(5)

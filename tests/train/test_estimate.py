@@ -4,6 +4,7 @@ persistent parts plus the largest transient one, and bad flags or files exit 2."
 from __future__ import annotations
 
 import pytest
+import torch
 
 from grpolab.cli import build_parser, main
 from grpolab.core.config.flags import config_from_args
@@ -72,6 +73,9 @@ def test_the_command_prints_the_table(capsys) -> None:
             ["--rollout-num-engines", "2", "--use-fault-tolerance", "--nproc-per-node", "2"],
             "runs on one rank",
         ),
+        (["--rollout-max-response-len", "30000"], "--rollout-max-response-len"),  # past the model's limit
+        (["--load", "/nonexistent"], "--load /nonexistent: no such directory"),
+        (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "tpu"], "--device"),
     ],
 )
 def test_bad_flags_exit_2(capsys, flags: list[str], message: str) -> None:
