@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from grpolab.core.atomic import current_umask
+
 PROMPTS = ([1, 17, 33, 5, 9], [9, 8, 7, 100, 200, 300, 4], [3, 3, 3])
 """Token ids scored on both models after the export (any ids of the vocabulary; reduced modulo its size)."""
 EXPORT_FILE = "grpolab_export.json"
@@ -130,9 +132,24 @@ def check_output_dir(out: Path, ckpt: Path, *, force: bool, origin: str | None =
             raise ExportError(
                 f"--output-dir {out} exists and is not empty; pass --force to replace an earlier export"
             )
-        if not (out / EXPORT_FILE).is_file():
-            raise ExportError(f"--output-dir {out} is not empty and holds no {EXPORT_FILE}: --force replaces an earlier "
-                              "export only, never another folder (empty it or choose a new one)")  # fmt: skip
+        if not _is_export(out):
+            raise ExportError(f"--output-dir {out} is not empty and holds no {EXPORT_FILE} of an export: --force "
+                              "replaces an earlier export only, never another folder (empty it or choose a new one)")  # fmt: skip
+
+
+def _is_export(folder: Path) -> bool:
+    """`folder` holds an export's record: `EXPORT_FILE` as `export_to_hf` writes it (a JSON object with the
+    checkpoint's path and every tensor's SHA-256) beside a `config.json`; a file of that name alone is not one."""
+    try:
+        facts = json.loads((folder / EXPORT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(facts, dict)
+        and isinstance(facts.get("checkpoint"), str)
+        and isinstance(facts.get("tensor_sha256"), dict)
+        and (folder / "config.json").is_file()
+    )
 
 
 def export_to_hf(ckpt: Path, out: Path, origin: str, *, force: bool = False) -> Export:
@@ -173,6 +190,9 @@ def export_to_hf(ckpt: Path, out: Path, origin: str, *, force: bool = False) -> 
     tokenizer = load_tokenizer(origin)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp.chmod(
+        0o777 & ~current_umask()
+    )  # a folder for serving, as mkdir makes it (mkdtemp's is private, 0700)
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))

@@ -20,7 +20,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual permissions
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; give the file the usual permissions
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -43,7 +43,9 @@ def leftover_temps(path: str | Path) -> list[Path]:
     )
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (read by setting and restoring it: os has no getter), for files and folders made
+    private by `tempfile` that should get the usual permissions."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -15,6 +15,7 @@ from runs import train_short
 from safetensors.torch import load_file, save_file
 
 from grpolab.cli import main
+from grpolab.core.atomic import current_umask
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "serve"))  # serving.start_server
 from serving import start_server, stop_server  # noqa: E402
@@ -146,11 +147,23 @@ def test_bad_input_exits_2_and_loses_nothing(ckpt: Path, tmp_path: Path, capsys)
     )
     assert "model.safetensors is unreadable" in capsys.readouterr().err
     assert main([*argv, "--force"]) == 2  # --force replaces an earlier export, not someone's folder
-    assert "holds no grpolab_export.json: --force replaces an earlier export only" in capsys.readouterr().err
+    assert (
+        "holds no grpolab_export.json of an export: --force replaces an earlier export only"
+        in capsys.readouterr().err
+    )
     assert (out / "mine.txt").read_text() == "keep me"
     export = tmp_path / "export"
     again = ["convert", "--to-hf", str(ckpt), "--output-dir", str(export), "--origin-hf-dir", str(TINY)]
     assert main(again) == 0 and main([*again, "--force"]) == 0 and (export / "grpolab_export.json").is_file()
+    assert (
+        export.stat().st_mode & 0o777 == 0o777 & ~current_umask()
+    )  # readable for serving, not mkdtemp's 0700
+    (out / "grpolab_export.json").write_text("")  # a marker by name alone is not an export: mine.txt stays
+    assert (
+        main([*argv, "--force"]) == 2
+        and "holds no grpolab_export.json of an export" in capsys.readouterr().err
+    )
+    assert (out / "mine.txt").read_text() == "keep me"
 
 
 def test_force_never_replaces_the_working_directory_or_the_origin_model(
