@@ -167,11 +167,12 @@ def _sample(
 
 
 def run_agents(
-    fn: Any, base: str, plan: list[PlannedSample], sampling: SamplingParams, timeout: float, version: int,
+    fn: Any, bases: str | list[str], plan: list[PlannedSample], sampling: SamplingParams, timeout: float, version: int,
     max_context_len: int | None = None,
 ) -> list[Sample]:  # fmt: skip
     """Every planned sample's episode, all at once (their requests batch on the engine), on an event
-    loop watched for an agent that blocks it (core/turns/watched.py).
+    loop watched for an agent that blocks it (core/turns/watched.py). `bases`: the server whose
+    `/sessions` the episodes use, or one per engine of a fleet (sample i's session on bases[i mod N]).
 
     Each request may ask for up to `sampling.max_new_tokens` (`--rollout-max-response-len`), but the
     sample keeps at most that many response tokens over all its turns, tool and boundary tokens too
@@ -186,7 +187,8 @@ def run_agents(
     """
     name = function_name(fn)
     open_episodes = asyncio.Semaphore(MAX_OPEN_EPISODES)
-    opener = SessionOpener(base)
+    bases = [bases] if isinstance(bases, str) else list(bases)
+    openers = {base: SessionOpener(base) for base in bases}
 
     async def one(s: PlannedSample) -> Sample:
         async with open_episodes:
@@ -195,7 +197,8 @@ def run_agents(
     async def episode(s: PlannedSample) -> Sample:
         sample = f"sample {s.index} (group {s.group}, prompt row {s.prompt.index})"
         where = f"{AGENT_FLAG} {name} on {sample}"
-        sid = await opener.open()
+        base = bases[s.index % len(bases)]  # a session lives on one engine: sample i on engine i mod N
+        sid = await openers[base].open()
         try:
             metadata = {
                 "label": s.prompt.label,

@@ -38,7 +38,7 @@ from grpolab.core.turns.tools import GENERATE_FLAG as FLAG
 from grpolab.core.turns.tools import call_within
 from grpolab.core.turns.watched import run_watched
 from grpolab.rollout.agent_episode import run_agents
-from grpolab.rollout.door import engine_door
+from grpolab.rollout.door import engine_door, session_bases
 from grpolab.rollout.sample_plan import PlannedSample, plan_samples
 
 
@@ -242,4 +242,5 @@ class CustomGeneration:
                 )
                 return checked_samples(self.fn, results, plan, version)
             context = self.config.agent.rollout_max_context_len
-            return run_agents(self.fn, f"http://{host}:{port}", plan, sampling, timeout, version, context)
+            bases = session_bases(engine, f"http://{host}:{port}")
+            return run_agents(self.fn, bases, plan, sampling, timeout, version, context)

@@ -2,7 +2,8 @@
 
 On a fleet (`--rollout-num-engines` / `--sglang-router-ip`) it is the router, as in Miles; on the
 in-process engine it is the run's own engine served on 127.0.0.1 for the rollout (serve/embedded.py:
-the same routes as `grpolab serve`, the run's current weights).
+the same routes as `grpolab serve`, the run's current weights). An agent's sessions go to the launched
+fleet's engines directly (`session_bases`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ def router_url(engine: RolloutEngine) -> str | None:
     inner = getattr(engine, "engine", engine)
     url = getattr(inner, "router_url", None)
     return url if isinstance(url, str) else None
+
+
+def session_bases(engine: RolloutEngine, door: str) -> list[str]:
+    """Where an agent's sessions live: each engine of a fleet grpolab launched, directly (a session's
+    token record is one engine's state, so its turns must not be balanced across engines by the router;
+    episode i's session goes to engine i mod N, as `HttpEngine` sends direct requests), else `door`."""
+    inner = getattr(engine, "engine", engine)
+    urls = getattr(inner, "engine_urls", None)
+    if getattr(inner, "fleet", None) is not None and isinstance(urls, list) and urls:
+        return list(urls)
+    return [door]
 
 
 @contextmanager

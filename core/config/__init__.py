@@ -152,9 +152,10 @@ class Config:
             "rendered with the checkpoint's chat template",
         )
         require(
-            self.agent.custom_agent_function_path is None or not self.rollout.uses_servers,
-            "--custom-agent-function-path runs on the in-process engine: its sessions through the router "
-            "of --rollout-num-engines / --sglang-router-ip are not verified (use --custom-generate-function-path)",
+            self.agent.custom_agent_function_path is None or self.rollout.sglang_router_ip is None,
+            "--custom-agent-function-path runs on the in-process engine or a fleet grpolab launches "
+            "(--rollout-num-engines, whose engines serve /sessions); the engines behind --sglang-router-ip "
+            "may not (use --custom-generate-function-path)",
         )
         require(
             not self.agent.multi_turn or self.data.apply_chat_template,

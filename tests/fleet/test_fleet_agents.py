@@ -44,3 +44,27 @@ def test_tool_loop_and_custom_generate_on_the_fleet(tmp_path: Path, capsys: pyte
     assert main(["check", "turns", str(tmp_path / "naive" / "0.grz"), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert {e["cause"] for e in report["errors"]} == {"template boundary token"}
+
+
+AGENT = ["--custom-agent-function-path", "grpolab.examples.calculator.agent.run"]
+
+
+@pytest.mark.slow
+def test_agent_sessions_on_two_launched_engines_give_the_in_process_rollouts(tmp_path: Path) -> None:
+    """An agent workflow on a fleet: sample i's session lives on engine i mod 2 (directly, not balanced by
+    the router across engines mid-trajectory); the rollouts are the in-process run's, turn for turn."""
+    local = _train(tmp_path / "local", *AGENT)
+    fleet = _train(tmp_path / "fleet", *AGENT, "--rollout-num-engines", "2")
+    keys = ["rollout/raw_reward", "rollout/num_turns", "rollout/tool_calls", "rollout/trainable_tokens"]
+    assert [[m[k] for k in keys] for m in fleet] == [[m[k] for k in keys] for m in local]
+    assert local[0]["rollout/num_turns"] > 1
+    assert main(["check", "turns", str(tmp_path / "fleet" / "1.grz")]) == 0
+    refused = subprocess.run(
+        [sys.executable, "-m", "grpolab", "train", *BASE, *AGENT, "--sglang-router-ip", "127.0.0.1", "--sglang-router-port", "9",
+         "--run-dir", str(tmp_path / "external")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (
+        refused.returncode == 2
+        and "--custom-agent-function-path runs on the in-process engine or a fleet" in (refused.stderr)
+    )
