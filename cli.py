@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from grpolab.checkers.hash_command import add_hash_parser, run_hash_command
 from grpolab.core.config.flags import add_train_flags, config_from_args
@@ -235,9 +234,7 @@ def _dispatch(argv: list[str] | None) -> int:
         world = planned_world_size(flags.nproc_per_node)
         try:
             config = config_from_args(flags)
-            check_inputs(config, world_size=world, run_dir=False)  # what train refuses, refused here too
-            if config.checkpoint.load is not None and not Path(config.checkpoint.load).is_dir():
-                raise FileNotFoundError(f"--load {config.checkpoint.load}: no such directory")
+            check_inputs(config, world_size=world, launching=False)  # what train refuses, refused here too
         except (ValueError, FileNotFoundError) as e:
             train_parser.error(str(e))
         from grpolab.train.estimate import run_estimate_command

@@ -198,7 +198,7 @@ def check_reachable(actions: Sequence[FaultAction], num_rollout: int) -> None:
             )
 
 
-def check_kills_have_a_fleet(
+def check_actions_can_fire(
     actions: Sequence[FaultAction], launches_engines: bool, *, world_size: int = 1, trains: bool = True
 ) -> None:
     """Before the run (no torch): refuse an action that would never fire: a kill_engine_* action on a run
@@ -211,16 +211,17 @@ def check_kills_have_a_fleet(
     for index, action in enumerate(actions):
         if action.action in _KILLS and not launches_engines:
             _refuse_kill(index, action)
-        if action.rank >= world_size:
-            _fail(
-                f"item {index}: ",
-                f"field 'rank': rank {action.rank} does not exist (world size {world_size})",
-            )
+        _check_rank(index, action, world_size)
         if not trains and ACTION_POINTS[action.action] in ("train", "before_allreduce"):
             _fail(
                 f"item {index}: ",
                 f"{action.action} fires in training, and --debug-rollout-only trains nothing",
             )
+
+
+def _check_rank(index: int, action: FaultAction, world_size: int) -> None:
+    if action.rank >= world_size:
+        _fail(f"item {index}: ", f"field 'rank': rank {action.rank} does not exist (world size {world_size})")
 
 
 def _refuse_kill(index: int, action: FaultAction) -> NoReturn:
@@ -291,11 +292,8 @@ class FaultInjector:
         self._mine: list[tuple[int, FaultAction]] = []
         self._fired: set[int] = set()
         for index, action in enumerate(actions):
-            if world_size is not None and action.rank >= world_size:
-                _fail(
-                    f"item {index}: ",
-                    f"field 'rank': rank {action.rank} does not exist (world size {world_size})",
-                )
+            if world_size is not None:
+                _check_rank(index, action, world_size)
             if action.rank != rank:
                 continue
             if action.action == "stop_engine_at_end" and on_stop_engine is None:

@@ -190,9 +190,7 @@ def export_to_hf(ckpt: Path, out: Path, origin: str, *, force: bool = False) -> 
     tokenizer = load_tokenizer(origin)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    tmp.chmod(
-        0o777 & ~current_umask()
-    )  # a folder for serving, as mkdir makes it (mkdtemp's is private, 0700)
+    tmp.chmod(0o777 & ~current_umask())  # for serving, as mkdir makes it (mkdtemp's is private, 0700)
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))

@@ -113,9 +113,12 @@ def resume_mismatch(
         return None
     changed = "; ".join(f"{k} {getattr(before, k)!r} -> {getattr(schedule, k)!r}" for k in fields)
     if now == then:  # the same next lr: the schedules part later
+        settled = (
+            max(before.decay_iters, schedule.decay_iters, before.warmup_iters, schedule.warmup_iters) + 1
+        )
+        # past `settled` both lrs are constant (--lr or --min-lr), so a difference shows by then
         later = next(
-            (k for k in range(steps_done + 1, steps_done + 100_000) if before.lr_at(k) != schedule.lr_at(k)),
-            None,
+            (k for k in range(steps_done + 1, settled + 1) if before.lr_at(k) != schedule.lr_at(k)), None
         )
         where = (
             f"; they first differ at step {later} ({before.lr_at(later):.6g} vs {schedule.lr_at(later):.6g})"

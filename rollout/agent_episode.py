@@ -3,9 +3,9 @@
     async def run(base_url, prompt, request_kwargs, metadata, **kw) -> reward | [reward per model turn]
 
 Per sample a token-in/token-out session is opened on the engine's HTTP door (rollout/door.py,
-serve/sessions.py; the episodes that start together open theirs in one request); `base_url` is its OpenAI base (`.../sessions/<id>/v1`: `OpenAI(base_url=...)` posts
-to its `/chat/completions`), `prompt` the prompt's chat messages, `request_kwargs` what every request
-passes (`model`, `temperature`, `top_p`, `max_tokens`, `seed`: the sample's seed; `extra_body` with
+serve/sessions.py; the episodes that start together open theirs in one request); `base_url` is its
+OpenAI base (`.../sessions/<id>/v1`: `OpenAI(base_url=...)` posts to its `/chat/completions`),
+`prompt` the prompt's chat messages, `request_kwargs` what every request passes (`model`, `temperature`, `top_p`, `max_tokens`, `seed`: the sample's seed; `extra_body` with
 `top_k` when set), `metadata` the sample's label and indices. The agent sends the whole history each
 turn, as agents do; the session keeps each turn's exact ids (a rewritten history is a 409). After the
 agent returns, the session's token record is the sample: the first prompt, then every model reply

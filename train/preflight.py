@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import grpolab.checkers.grad_norm  # noqa: F401  (registers its value checks, as faults and paths do)
 import grpolab.replay.paths  # noqa: F401  (config validation runs them: core/config/validation.py)
-from grpolab.checkers.faults import check_kills_have_a_fleet, check_reachable, parse_fault_actions
+from grpolab.checkers.faults import check_actions_can_fire, check_reachable, parse_fault_actions
 from grpolab.core.data import check_rows, prompt_file, read_rows_and_lines
 from grpolab.core.model_files import (
     check_model,
@@ -54,15 +54,15 @@ if TYPE_CHECKING:
 
 
 def check_inputs(
-    config: Config, *, world_size: int = 1, rank: int | None = None, run_dir: bool = True
+    config: Config, *, world_size: int = 1, rank: int | None = None, launching: bool = True
 ) -> None:
     """Check what `config` names on this machine, in its files and on the network (see the module docstring).
 
     `world_size`: the ranks the run will have (`launch.planned_world_size`: --nproc-per-node or
     torchrun's WORLD_SIZE; 1 otherwise), for `--profile-ranks`. `rank`: this process's rank (None: torchrun's
     RANK, 0 outside torchrun and in the launcher of `--nproc-per-node`); the rollout servers are checked
-    on rank 0 only (`check_rollout_servers`). `run_dir` False skips `--run-dir` (`grpolab estimate memory`
-    makes none) and the rollout servers.
+    on rank 0 only (`check_rollout_servers`). `launching` False (`grpolab estimate memory`: no run
+    directory made, no server reached) skips `--run-dir` and the rollout servers.
     Imports no torch or transformers; imports the user's `--custom-rm-path` and tool modules.
 
     Raises:
@@ -72,7 +72,7 @@ def check_inputs(
     from grpolab.core.engine.factory import ENGINES
 
     check_on_this_machine(config)
-    if run_dir:
+    if launching:
         check_run_dir(config)
     ENGINES.get(config.rollout.rollout_engine)  # an unknown kind lists the known ones
     check_model(config.model.hf_checkpoint)
@@ -85,8 +85,8 @@ def check_inputs(
     if config.ci.ci_ft_test_actions is not None:
         actions = parse_fault_actions(config.ci.ci_ft_test_actions)
         check_reachable(actions, config.rollout.num_rollout)
-        check_kills_have_a_fleet(actions, launches_engines=config.rollout.rollout_num_engines > 0,
-                                 world_size=world_size, trains=not config.debug.debug_rollout_only)  # fmt: skip
+        check_actions_can_fire(actions, launches_engines=config.rollout.rollout_num_engines > 0,
+                               world_size=world_size, trains=not config.debug.debug_rollout_only)  # fmt: skip
     check_padding_id(config)
     check_chat_template(config)
     check_prompt_data(config)
@@ -96,7 +96,7 @@ def check_inputs(
     load_episode_function(config.agent)  # --custom-generate-function-path / --custom-agent-function-path
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
     check_profiling_start(config, world_size=world_size)  # --profile-ranks, --memory-recorder
-    if run_dir and (int(os.environ.get("RANK", "0")) if rank is None else rank) == 0:
+    if launching and (int(os.environ.get("RANK", "0")) if rank is None else rank) == 0:
         check_rollout_servers(config)  # last: a router that does not answer may take seconds
 
 
