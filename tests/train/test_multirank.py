@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from runs import SMALL, metrics
+from safetensors.torch import load_file
 
 
 def grpolab(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -114,6 +116,17 @@ def test_two_rank_checkpoint_resumes_bitwise_with_per_rank_hashes(recorded: Path
         "model_hash_rank0.json",
         "model_hash_rank1.json",
     ]
+    # the 2-rank checkpoint exports for serving as a 1-rank one does (rank 0 wrote the gathered weights)
+    hf = recorded / "hf2"
+    export = grpolab("convert", "--to-hf", str(ck / "iter_0000002"), "--output-dir", str(hf))
+    assert export.returncode == 0 and "bitwise on 12 positions" in export.stdout, export.stderr[-3000:]
+    facts = json.loads((hf / "grpolab_export.json").read_text())
+    assert (facts["next_rollout_id"], facts["tied"]) == (2, ["lm_head.weight"])
+    trained = load_file(str(ck / "iter_0000002" / "model.safetensors"))
+    exported = load_file(str(hf / "model.safetensors"))
+    assert exported and set(exported) <= set(trained)
+    assert all(torch.equal(exported[k], trained[k]) for k in exported)
+    assert set(facts["tensor_sha256"]) == set(trained)
     (ck / "latest_checkpointed_iteration.txt").write_text("2\n")
     resumed = grpolab(
         "train",
