@@ -163,7 +163,7 @@ def bench_phases(
         return wrapper
 
     engine.check_health = timed(engine.check_health, lambda: "health")
-    engine._each_engine = timed(engine._each_engine, lambda method, path, body: path)  # pause, continue
+    engine._each_live = timed(engine._each_live, lambda path, body: path)  # pause, continue
     engine._await_queued = timed(engine._await_queued, lambda n, pool, futures: "send until held")
     engine._send_all = timed(engine._send_all, lambda bodies, direct, answers: "send_all")
     rows: list[dict[str, float]] = []

@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -319,9 +320,11 @@ class Fleet:
         tail = log_tail(engine.log_path, max(1, n - len(router)), skip=ROUTER_PROBE_NOISE)
         return [f"[engines/{i}.log] {line}" for line in tail] + router
 
-    def dead(self) -> list[FleetProcess]:
-        """The fleet's processes that have exited (router first)."""
-        return [p for p in (self.router, *self.engines) if p.exited() is not None]
+    def dead(self, skip: Collection[int] = ()) -> list[FleetProcess]:
+        """The fleet's processes that have exited (router first), but for the engines numbered in `skip`
+        (those being restarted: their process is replaced from another thread)."""
+        engines = [p for k, p in enumerate(self.engines) if k not in skip]
+        return [p for p in (self.router, *engines) if p.exited() is not None]
 
     def close(self) -> None:
         """SIGTERM every process group, SIGKILL what is left after `STOP_GRACE_S`; idempotent."""

@@ -14,18 +14,16 @@ Control calls go to every engine directly (what the router would fan out): weigh
 bucket as safetensors into a fresh directory under /dev/shm (`weight_bucket`) and calls
 `/update_weights_from_disk {model_path, weight_version}`; memory goes through
 `/release_memory_occupation` / `/resume_memory_occupation` (all tags); `--ci-test`'s checker through
-`/weights_checker`. With a fleet grpolab launched, each rollout's requests are held
-(`/pause_generation` in_place) until all reached the engines (`/server_info`), then released
-(`/continue_generation`), so one decode takes them all, as in-process. Every HTTP call has a timeout; a failure raises, and `client.EngineClient`
-retries until `--engine-failure-timeout`. A rollout more than `HEALTH_FRESH_S` after the last answered
-one (or after a failure) first needs every engine to pass `/health_generate` (Miles' health monitor); the
-/generate calls go out together over kept-alive connections (`http_pool`, libcurl); while requests run, an engine process of the fleet that
+`/weights_checker`. How a generate call's requests reach the engines (held until all arrived, then
+decoded together; an engine that exits meanwhile) is `http_sending.FleetSending`'s. Every HTTP call has a
+timeout; a failure raises, and `client.EngineClient` retries until `--engine-failure-timeout`. A rollout
+more than `HEALTH_FRESH_S` after the last answered one (or after a failure) first needs every engine to
+pass `/health_generate` (Miles' health monitor). While requests run, an engine process of the fleet that
 exits fails the call at once instead of waiting for the request timeout, and since a launched process
 cannot come back, as `client.EngineGoneError`: the run fails at once, not after --engine-failure-timeout
-(with --use-fault-tolerance it is restarted and checked first, `restart.py`, and the call is repeated:
-`EngineRestarted`; a generate call then sends only its unanswered requests, each to the same target).
-No health, control or info call waits longer than --engine-failure-timeout, and while /generate
-requests run (legitimately long) `liveness.LivenessWatch` probes every engine's `/server_info`; one
+(with --use-fault-tolerance it is restarted and checked first, `restart.py`). No health, control or info
+call waits longer than --engine-failure-timeout, and while /generate requests run (legitimately long)
+`liveness.LivenessWatch` probes every engine's `/server_info`; one
 that has not answered for --engine-failure-timeout seconds is hung, and fails the call as gone (named, URL).
 """
 
@@ -35,7 +33,6 @@ import itertools
 import logging
 import time
 import uuid
-from concurrent.futures import FIRST_EXCEPTION, Future, wait
 
 import torch
 
@@ -48,8 +45,9 @@ from grpolab.core.engine.base import (
 )
 from grpolab.core.engine.client import EngineGoneError, EngineRestarted
 from grpolab.core.engine.fleet import Fleet
-from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError, call_json
+from grpolab.core.engine.http_calls import MAX_QUOTED, EngineRequestError, HttpCallError
 from grpolab.core.engine.http_pool import KeepAlivePool
+from grpolab.core.engine.http_sending import CONTROL_TIMEOUT_S, HEALTH_TIMEOUT_S, FleetSending
 from grpolab.core.engine.liveness import LastAnswers, LivenessWatch
 from grpolab.core.engine.restart import CallAnswers, Restarter, RestartRecord, WeightSource
 from grpolab.core.engine.sglang_api import generate_body, parse_generate_answer, parse_mismatches, request_rid
@@ -57,34 +55,16 @@ from grpolab.core.engine.weight_bucket import bucket_on_disk
 
 log = logging.getLogger("grpolab")
 
-CONTROL_TIMEOUT_S = 120.0
-"""Seconds a control call (weights, memory, cache, checker) may take, at most --engine-failure-timeout
-(grpolab's: a bucket of SmolLM2-135M loads in < 1 s on CPU)."""
-HEALTH_TIMEOUT_S = 20.0
-"""Seconds `/health_generate` or `/server_info` may take, at most --engine-failure-timeout: SGLang's own
-SGLANG_HEALTH_CHECK_TIMEOUT (20 s)."""
-MAX_IN_FLIGHT = 256
-"""Concurrent /generate requests (the kept-alive pool's connections, kept between rollouts; the in-process
-engine's max batch is 256 too)."""
 HEALTH_FRESH_S = 30.0
 """Seconds after a rollout's last answer during which the next rollout skips `/health_generate` (Miles'
 health monitor probes every --rollout-health-check-interval, 30 s; a dead engine still fails the rollout
 through the process check, its requests' errors and the liveness watch)."""
-GATHER_TIMEOUT_S = 30.0
-"""Seconds the paused engines of a launched fleet may take to receive a rollout's requests before they
-decode what they hold (grpolab's: 64 requests arrive within ~0.5 s on a busy 2-core machine)."""
-RESUME_TIMEOUT_S = 1.0
-"""Seconds the best-effort `/continue_generation` after a failed held rollout may take per engine (grpolab
-serve answers in ms; one left paused is resumed by the next rollout's own pause/continue): a hung engine
-must not add a whole failure timeout to the failure."""
-WATCH_INTERVAL_S = 0.5
-"""Seconds between checks of the fleet's processes while requests run."""
 EXIT_GRACE_S = 1.0
 """Seconds a failed call waits for a fleet process to be seen as exited before it is reported as an
 HTTP failure (a kill -9'd engine resets its connections a moment before its parent can reap it)."""
 
 
-class HttpEngine:
+class HttpEngine(FleetSending):
     """SGLang-API engines behind a router, seen as one `RolloutEngine` (plus the checker, stats, stop).
 
     Args:
@@ -129,6 +109,7 @@ class HttpEngine:
         self._partial = CallAnswers()  # the running generate call's answers, by request index
         self._sending = False  # a generate call's requests are out (`_send_all`)
         self._control = CallAnswers()  # the running control call's answers, by engine URL
+        self._retried: dict[int, str] = {}  # a restarting engine's requests: index → the URL they went to
         self._kill_when_queued: int | None = None  # the kill_engine_in_rollout fault: this engine
 
     @property
@@ -183,84 +164,6 @@ class HttpEngine:
             self._check_processes()
             return
         self.check_health()
-
-    def _target(self, direct: bool, i: int) -> str:
-        """Request `i`'s URL: the router, or with `direct` engine i mod N (the same engine for the same
-        request when a call is retried, so each engine decodes the batch it would have)."""
-        return self.engine_urls[i % len(self.engine_urls)] if direct else self.router_url
-
-    def _send_all(self, bodies: dict[int, dict], direct: bool, answers: dict[int, object]) -> None:
-        """POST every body (request index → body; all in flight at once through the kept-alive pool) and put
-        each answer in `answers`, by index; fail at the first error or when a fleet process exits. A failed
-        rollout drops the pool: its calls still in flight must not delay the retry's."""
-        pool = self._requests
-        if pool is None or pool.closed:
-            pool = self._requests = KeepAlivePool(MAX_IN_FLIGHT)
-        gate = self.fleet is not None  # our engines: hold the rollout's requests, then decode them together
-        ok = False
-        self._sending = True
-        try:
-            if gate:
-                self._each_engine("POST", "/pause_generation", {"mode": "in_place"})
-            futures: dict[Future, int] = {
-                pool.submit(
-                    "POST", self._target(direct, i) + "/generate", b, timeout=self.request_timeout_s
-                ): i
-                for i, b in bodies.items()
-            }
-            if gate:
-                self._await_queued(len(bodies), pool, list(futures))
-                if self._kill_when_queued is not None:  # the kill_engine_in_rollout fault
-                    self.fleet.kill(self._kill_when_queued)
-                    self._kill_when_queued = None
-                gate = False
-                self._each_engine("POST", "/continue_generation", {})
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=WATCH_INTERVAL_S, return_when=FIRST_EXCEPTION)
-                for f in done:
-                    if (error := f.exception()) is not None:
-                        if isinstance(error, HttpCallError):  # nothing answered: a dead engine first
-                            self._after_failed_call(error)
-                        raise error
-                    answers[futures[f]] = f.result()
-                self._check_processes()
-                self._watch_liveness()
-            ok = True
-        finally:
-            self._sending = False
-            self._end_watch()
-            if gate:  # failed while holding: let the engines generate again
-                for url in self.engine_urls:
-                    try:
-                        call_json(
-                            "POST", url + "/continue_generation", {}, timeout=self._cap(RESUME_TIMEOUT_S)
-                        )
-                    except (HttpCallError, ValueError):
-                        pass
-            if not ok:
-                pool.close()
-
-    def _await_queued(self, n: int, pool: KeepAlivePool, futures: list[Future]) -> None:
-        """Wait until the paused engines hold all `n` requests (`/server_info` of `grpolab serve`, polled
-        over `pool`'s kept-alive connection), so that one decode takes them all, as the in-process engine
-        does; stop early when one of the requests (`futures`) already failed (the caller raises its
-        error), give up after `GATHER_TIMEOUT_S` (at most --engine-failure-timeout)."""
-        limit = self._cap(GATHER_TIMEOUT_S)
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            if any(f.done() and f.exception() is not None for f in futures):
-                return
-            self._check_processes()
-            queued = 0
-            for url in self.engine_urls:
-                info = pool.call("GET", url + "/server_info", None, timeout=self._cap(HEALTH_TIMEOUT_S)) or {}
-                states = info.get("internal_states") or [{}]
-                queued += int(states[0].get("waiting_requests", 0))
-            if queued >= n:
-                return
-            time.sleep(0.002)  # each poll is one /server_info per engine (~1 ms)
-        log.warning(f"only part of the rollout's {n} requests reached the engines within {limit:g} s")
 
     # ------------------------------------------------------------------ weights and memory
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: int) -> int:
@@ -417,7 +320,9 @@ class HttpEngine:
     def _watch_liveness(self) -> None:
         """While /generate requests run: probe each engine's /server_info (`LivenessWatch`); raise if one hangs."""
         if self._watch is None:
-            self._watch = LivenessWatch(self.engine_urls, failure_timeout=self.failure_timeout_s)
+            live = [k for k in range(len(self.engine_urls)) if k not in self._out()]
+            self._watch = LivenessWatch([self.engine_urls[k] for k in live], failure_timeout=self.failure_timeout_s,
+                                        numbers=live)  # fmt: skip
         try:
             self._watch.check()
         except EngineGoneError as hung:
@@ -425,7 +330,8 @@ class HttpEngine:
             if self.restarter is not None and self._suspect is not None:
                 self._end_watch()
                 self.restarter.kill_hung(self._suspect, self.engine_urls[self._suspect], str(hung))
-                self._check_processes()  # EngineRestarted, or gone past --max-engine-restarts
+                if self._check_processes():  # restarting while the others go on; else EngineRestarted
+                    return
             raise
         finally:
             if self._watch is not None:
@@ -437,28 +343,68 @@ class HttpEngine:
             self._watch.close()
             self._watch = None
 
-    def _check_processes(self, grace_s: float = 0.0, answer: HttpCallError | None = None) -> None:
+    def _check_processes(self, grace_s: float = 0.0, answer: HttpCallError | None = None) -> bool:
         """EngineGoneError naming the first fleet process that exited (grpolab-launched fleets only);
         with `grace_s`, wait up to that many seconds for one to exit (after a failed call, whose error
-        `answer` is then quoted as what the router or engine answered)."""
+        `answer` is then quoted as what the router or engine answered). With --use-fault-tolerance the
+        engine is restarted instead: in the background while a generate call's requests are out and
+        another engine can take its requests (True: `_put_out`), else first (`EngineRestarted`)."""
         if self.fleet is None:
-            return
+            return False
+        out = self._out()
         deadline = time.monotonic() + grace_s
-        dead = self.fleet.dead()
+        dead = self.fleet.dead(skip=out)
         while not dead and time.monotonic() < deadline:
             time.sleep(0.05)
-            dead = self.fleet.dead()
+            dead = self.fleet.dead(skip=out)
         if dead:
             what = dead[0].describe_exit() + self._answer_note(answer)
             if dead[0] in self.fleet.engines:
                 self._suspect = self.fleet.engines.index(dead[0])
                 if self.restarter is not None:  # --use-fault-tolerance: back, checked, or gone
+                    if self._sending and len(self.engine_urls) - len(out) > 1:
+                        self._put_out(self._suspect, what)
+                        return True
+                    self._rejoin()  # one restarting in the background comes back first
                     call = self._partial.key if self._sending else None  # the call whose requests were out
                     record = self.restarter.bring_back(self._suspect, what, weight_version=self.weight_version,
                                                        released=self.memory_released, call=call)  # fmt: skip
                     self.engine_urls[self._suspect] = record.new_url
                     raise EngineRestarted(f"{record.reason}; {record.describe()}")
             raise EngineGoneError(what)
+        return False
+
+    def _put_out(self, i: int, what: str) -> None:
+        """Engine `i` exited while a generate call's requests were out: it leaves the router at once (no
+        request is routed to it again) and restarts in the background (`Restarter.bring_back_in_background`,
+        checked before it rejoins), while the other engines take its requests (`_send_all`)."""
+        assert self.fleet is not None and self.restarter is not None
+        self._end_watch()  # the next watch probes the engines still up
+        self.fleet.unregister(self.engine_urls[i])
+        log.warning(f"{what}: its requests go to the other engines while it restarts")
+        self.restarter.bring_back_in_background(
+            i, what, weight_version=self.weight_version, released=self.memory_released
+        )
+
+    def _rejoin(self) -> None:
+        """Wait for the engines restarting in the background, take their new URLs and note on each record
+        how many of the call's requests went elsewhere and where (`_retried`).
+
+        Raises:
+            EngineGoneError: one could not come back (--max-engine-restarts, or its restart failed).
+        """
+        if self.restarter is None or not self.restarter.underway:
+            return
+        n, retried, self._retried = len(self.engine_urls), self._retried, {}
+        records = self.restarter.finish_background()
+        for i, record in records.items():
+            self.engine_urls[i] = record.new_url
+            went = [url for k, url in retried.items() if k % n == i or url == self.router_url]
+            record.retried_requests = len(went)
+            where = sorted({self.engine_urls.index(url) for url in went if url in self.engine_urls})
+            record.retried_on = (
+                "the router" if self.router_url in went else ", ".join(f"engine {k}" for k in where)
+            )
 
     def _after_failed_call(self, error: HttpCallError | None) -> None:
         """EngineGoneError when a fleet process exited, quoting `error`; waits `EXIT_GRACE_S` for one to be

@@ -40,6 +40,8 @@ class LivenessWatch:
 
     Args:
         engine_urls: each engine's "http://HOST:PORT".
+        numbers: the engines' numbers in the fleet, for `hung` and messages (default 0, 1, ...: all of
+            them; fewer while one restarts).
         failure_timeout: seconds without an answer after which an engine counts as hung; > 0.
         clock: monotonic seconds (injectable for tests).
         probe: one liveness call `(url) -> None`, raising when it fails (default: `GET url` +
@@ -54,6 +56,7 @@ class LivenessWatch:
         engine_urls: list[str],
         *,
         failure_timeout: float,
+        numbers: list[int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         probe: Callable[[str], None] | None = None,
     ) -> None:
@@ -61,13 +64,14 @@ class LivenessWatch:
             raise ValueError(f"--engine-failure-timeout must be > 0 seconds, got {failure_timeout}")
         self.urls, self.failure_timeout, self._clock = list(engine_urls), failure_timeout, clock
         self._probe = probe or self._health
+        self.numbers = list(numbers) if numbers is not None else list(range(len(self.urls)))
         now = clock()
         self._answered = dict.fromkeys(self.urls, now)  # when each engine last answered (or the watch began)
         self.interval = min(PROBE_INTERVAL_S, failure_timeout / 4)
         self._sent = dict.fromkeys(self.urls, now - self.interval)  # the first probes go out at once
         self._in_flight: dict[str, Future] = {}
         self._last_error: dict[str, str] = {}  # each engine's last failed probe, for the message
-        self.hung: int | None = None  # the index of the engine `check` found hung
+        self.hung: int | None = None  # the number (`numbers`) of the engine `check` found hung
         self.answered: dict[str, float] = {}  # each engine's last real answer (clock seconds)
         self.silent: set[str] = set()  # engines whose latest probe failed (warned once each)
         self._closed = False
@@ -79,7 +83,7 @@ class LivenessWatch:
             EngineGoneError: "engine i (URL) has not answered GET /server_info for S s (hung: ...)".
         """
         now = self._clock()
-        for i, url in enumerate(self.urls):
+        for i, url in zip(self.numbers, self.urls, strict=True):
             future = self._in_flight.get(url)
             if future is not None and future.done():
                 del self._in_flight[url]

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -80,7 +82,9 @@ class WeightSource:
 class RestartRecord:
     """One restart: engine index, why (its exit or hang), old and new URL, the version it was loaded and
     checked with, how many tensors were checked, the seconds it took (exit seen → registered, failed starts
-    included), how many requests of the call it broke were sent again, and how many starts died first."""
+    included), how many requests of the call it broke were sent again and where (`retried_on`: "engine 1"
+    while it restarted, "the router" (its other engines), "the restarted engine" when none other was
+    left), and how many starts died first."""
 
     engine: int
     reason: str
@@ -90,6 +94,7 @@ class RestartRecord:
     tensors: int
     seconds: float
     retried_requests: int = 0
+    retried_on: str = ""  # where those requests went ("" when none were out)
     failed_starts: int = 0  # starts that died before this one listened (each used a restart)
     call: object = dataclasses.field(default=None, repr=False, compare=False)  # the generate call it broke
 
@@ -182,6 +187,9 @@ class Restarter:
         self.hung: dict[int, str] = {}  # engines `kill_hung` killed, and why
         self._unretried: RestartRecord | None = None  # the last restart, until the call it broke is repeated
         self._untaken: list[RestartRecord] = []  # the restarts `take` has not returned yet
+        self._budget = threading.Lock()  # background restarts of two engines share --max-engine-restarts
+        self._background: dict[int, Future[RestartRecord]] = {}  # engine → its restart in `_threads`
+        self._threads: ThreadPoolExecutor | None = None
 
     @property
     def left(self) -> int:
@@ -196,8 +204,12 @@ class Restarter:
                 until the fleet closes, for its log).
             FleetError / HttpCallError / RuntimeError: it did not start, or a call to it or the router failed.
         """
+        with self._budget:
+            self.attempts += 1
+        return self._restart(i, reason=reason, weight_version=weight_version, memory_released=memory_released)
+
+    def _restart(self, i: int, *, reason: str, weight_version: int, memory_released: bool) -> RestartRecord:
         start = time.monotonic()
-        self.attempts += 1
         old = self.fleet.engines[i].url
         self.fleet.unregister(old)
         new = self.fleet.relaunch(i).url
@@ -227,6 +239,7 @@ class Restarter:
         call the restart broke (the record's `retried_requests`)."""
         if self._unretried is not None and self._unretried.call == call:
             self._unretried.retried_requests += sent
+            self._unretried.retried_on = "the restarted engine"
         self._unretried = None
 
     def bring_back(
@@ -244,12 +257,16 @@ class Restarter:
             what = f"{self.hung.pop(i)} and was killed"
         start, failed = time.monotonic(), 0
         while True:
-            if self.left < 1:
-                raise EngineGoneError(f"{what}; --max-engine-restarts {self.max_restarts}: none left")
+            with self._budget:
+                if self.left < 1:
+                    raise EngineGoneError(f"{what}; --max-engine-restarts {self.max_restarts}: none left")
+                self.attempts += 1
             again = f" (start {failed + 1}: {failed} failed)" if failed else ""
             log.warning(f"{what}: restarting it{again} (--use-fault-tolerance; {self.left} restart(s) left)")
             try:
-                record = self.restart(i, reason=what, weight_version=weight_version, memory_released=released)
+                record = self._restart(
+                    i, reason=what, weight_version=weight_version, memory_released=released
+                )
             except FleetError as e:  # the new process died or never listened: another start may do
                 first = str(e).splitlines()[0].split("; the last lines of ")[0]
                 if self.left < 1:
@@ -260,9 +277,45 @@ class Restarter:
                 continue
             except RuntimeError as e:  # refused, HttpCallError, a failed load: another start would not help
                 raise EngineGoneError(f"{what}; its restart failed: {e}") from None
-            record.call, self._unretried = call, record
+            if call is not None:
+                record.call, self._unretried = call, record
             record.failed_starts, record.seconds = failed, time.monotonic() - start
             return record
+
+    @property
+    def underway(self) -> set[int]:
+        """The engines `bring_back_in_background` is restarting (until `finish_background`)."""
+        return set(self._background)
+
+    def bring_back_in_background(self, i: int, what: str, *, weight_version: int, released: bool) -> None:
+        """`bring_back` engine `i` in a thread, while the other engines carry its requests (a generate call
+        with more than one engine: the issue's "its unfinished requests are retried on the others").
+        `finish_background` waits for it; until then engine `i` is not the caller's to use."""
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="grpolab-engine-restart")
+        self._background[i] = self._threads.submit(
+            self.bring_back, i, what, weight_version=weight_version, released=released
+        )
+
+    def finish_background(self) -> dict[int, RestartRecord]:
+        """Wait for every restart `bring_back_in_background` began; their records by engine (empty: none).
+
+        Raises:
+            EngineGoneError: one could not come back (the first such, once all have ended).
+        """
+        records: dict[int, RestartRecord] = {}
+        failed: EngineGoneError | None = None
+        for i, future in self._background.items():
+            try:
+                records[i] = future.result()
+            except EngineGoneError as e:
+                failed = failed or e
+            except Exception as e:  # the thread's own failure: the engine did not come back either
+                failed = failed or EngineGoneError(f"engine {i}'s restart failed: {type(e).__name__}: {e}")
+        self._background = {}
+        if failed is not None:
+            raise failed
+        return records
 
     def take(self) -> list[RestartRecord]:
         """The restarts since the last `take` (for the rollout's events and metrics)."""

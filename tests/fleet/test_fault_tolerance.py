@@ -48,8 +48,8 @@ def _perf(run_dir: Path, key: str) -> list[float]:
                          ids=["one_engine_router", "two_engines_direct"])  # fmt: skip
 def test_killed_engines_restart_and_the_loss_curve_is_bitwise(tmp_path: Path, fleet: list[str]) -> None:
     """Engine 0 is killed while it holds rollout 1's requests, and again while rollout 1 trains (its memory
-    released): both restarts load the trainer's weights and check version 2, the first sends the 16
-    unanswered requests again, the second is found by the weight sync and released again, and every
+    released): both restarts load the trainer's weights and check version 2, the first's unanswered requests
+    are sent again (to the restarted engine when it is the only one, else to engine 1 meanwhile), the second is found by the weight sync and released again, and every
     rollout and step metric equals the run without kills (--ci-test's weight checks pass too)."""
     plain = _train(tmp_path / "plain", *fleet, "--ci-test")
     assert plain.returncode == 0, plain.stderr[-3000:]
@@ -59,18 +59,22 @@ def test_killed_engines_restart_and_the_loss_curve_is_bitwise(tmp_path: Path, fl
     assert killed.returncode == 0, killed.stderr[-3000:]
     assert _curve(tmp_path / "ft") == _curve(tmp_path / "plain")
     restarts = [e for e in read_events(tmp_path / "ft") if e.get("event") == "engine_restart"]
-    assert [(e["engine"], e["weight_version"], e["retried_requests"]) for e in restarts] == [
-        (0, 2, 16),
+    # one engine: its requests wait for it; two: engine 1 decodes engine 0's 16 as one batch meanwhile
+    # (rollout 1's 16 requests: all wait for the one engine; of two, engine 0 held 8 and engine 1 took them)
+    retried, retried_on = (16, "the restarted engine") if fleet[1] == "1" else (8, "engine 1")
+    assert [(e["engine"], e["weight_version"], e["retried_requests"], e["retried_on"]) for e in restarts] == [
+        (0, 2, retried, retried_on),
         (
             0,
             2,
             0,
+            "",
         ),  # killed in training: found by the sync's first call (resume_memory), before the new version
     ]
     assert all("killed by SIGKILL" in e["reason"] and e["old_url"] != e["new_url"] for e in restarts)
     assert all(e["tensors"] > 0 and e["seconds"] > 0 for e in restarts), restarts
     assert _perf(tmp_path / "ft", "ft/engine_restarts") == [0.0, 2.0, 0.0]
-    assert _perf(tmp_path / "ft", "ft/retried_requests") == [0.0, 16.0, 0.0]
+    assert _perf(tmp_path / "ft", "ft/retried_requests") == [0.0, retried, 0.0]
     assert "ft/engine_restarts" not in (tmp_path / "plain" / "metrics.jsonl").read_text()
     log = (tmp_path / "ft" / "engines" / "0.log").read_text()
     assert log.count("grpolab serve: listening on ") == 3  # the first start and two restarts, one log
@@ -250,3 +254,25 @@ def test_a_control_call_repeated_after_a_restart_skips_the_engines_that_answered
     assert calls == ["http://a", "http://b", "http://b"]
     engine._each_engine("POST", "/release_memory_occupation", {})
     assert calls[3:] == ["http://a", "http://b"]
+
+
+def test_a_restarting_engines_requests_go_to_the_next_engine_up_all_together(monkeypatch) -> None:
+    """While engine 1 of 3 restarts, its requests (1, 4, 7) are held back in the round they were out in, then
+    all go to engine 2 (one batch, as engine 1 would have decoded them); with engines 1 and 2 out, engine
+    0 takes them; through the router everything stays on the router."""
+    from grpolab.core.engine.http_engine import HttpEngine
+
+    urls = ["http://a", "http://b", "http://c"]
+    engine = HttpEngine(router_url="http://r", engine_urls=urls, fleet=None, request_timeout_s=5)
+    out: set[int] = {1}
+
+    class Underway:
+        underway = out
+
+    monkeypatch.setattr(engine, "restarter", Underway())
+    assert [engine._target(True, i) for i in range(6)] == ["http://a", None, "http://c"] * 2
+    assert {engine._target(True, i, moved=True) for i in (1, 4, 7)} == {"http://c"}
+    out.add(2)
+    assert {engine._target(True, i, moved=True) for i in (1, 2, 4, 5)} == {"http://a"}
+    assert engine._live_urls() == ["http://a"]
+    assert engine._target(False, 1) == engine._target(False, 1, moved=True) == "http://r"
