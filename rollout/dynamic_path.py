@@ -18,8 +18,12 @@ rollout id `candidates_N` (each sample's fate in its metadata), so `grpolab repl
 another filter over them offline (rollout/filter_replay.py).
 Every rollout's `ledger` event and `rollout/ledger/*` metrics say where the generated tokens went
 (rollout/ledger.py); the rows drawn but never trained are counted over this process's rollouts (a
-resumed run starts counting again). One rank only: a multi-rank run's ranks would have to agree on which groups to
-keep (refused at start, train/preflight.check_dynamic_sampling).
+resumed run starts counting again). On more than one rank, rank 0 runs every round of the whole
+rollout with its engine (the same seeds, prompts and verdicts as one rank), writes the ledger, and sends
+the kept rollout to the others (`central.broadcast_samples`, the recording's bytes); each rank keeps its
+contiguous share (`base.rank_share`), as a replayed rollout is split. So the ranks agree on the groups
+they train, and the rollout is the one-rank run's. A rollout rank 0 cannot fill ends the run from rank 0
+(its error names the ledger; torchrun ends the other ranks).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import logging
 from grpolab.core.batch import Sample
 from grpolab.core.config import Config
 from grpolab.core.data import prompt_stream_indices
-from grpolab.rollout.base import RolloutInputs
+from grpolab.rollout.base import RolloutInputs, newest_weight_version, rank_share
+from grpolab.rollout.central import broadcast_samples
 from grpolab.rollout.custom_generate import miles_args
 from grpolab.rollout.filters import FLAG, apply_filter, load_filter
 from grpolab.rollout.ledger import RolloutLedger
@@ -87,12 +92,23 @@ class DynamicSamplingPath(LivePath):
         fate in `metadata["dynamic_filter"]`: recorded beside the rollout (`candidates_rollout_id`)."""
 
     def rollout(self, rollout_id: int) -> list[Sample]:
-        """The rollout's kept groups, renumbered (`perf/rollout_time` generating, `perf/reward_time` scoring).
+        """This rank's share of the rollout's kept groups, renumbered (`perf/rollout_time` generating,
+        `perf/reward_time` scoring): all of them on one rank; on more, rank 0 fills the rollout and
+        broadcasts it (a collective every rank joins; see the module docstring).
 
         Raises:
             RefillExhausted: too few groups kept in `--max-refill-rounds` rounds (the ledger is written first).
             FilterError: the filter raised or returned something else (named, with its file:line).
         """
+        ctx = self.inputs.dist
+        if not ctx.distributed:
+            return self._fill(rollout_id)
+        whole = self._fill(rollout_id) if ctx.is_primary else None
+        version = newest_weight_version(whole or [])
+        return rank_share(broadcast_samples(whole, ctx, rollout_id=rollout_id, weight_version=version), ctx)
+
+    def _fill(self, rollout_id: int) -> list[Sample]:
+        """The whole rollout's kept groups, renumbered, from rounds of this rank's engine."""
         cfg, inputs = self.config, self.inputs
         target, n = cfg.rollout.rollout_batch_size, cfg.rollout.n_samples_per_prompt
         per_round = cfg.dynamic_sampling.over_sampling_batch_size or target

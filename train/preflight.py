@@ -91,7 +91,8 @@ def check_inputs(
     check_chat_template(config)
     check_prompt_data(config)
     check_reward(config)
-    check_rank_rules(config, world_size)
+    check_dynamic_sampling(config)
+    check_fault_tolerance(config, world_size)
     load_tools(config.agent)  # --generate-execute-tool-function-path imports, its specs are tool specs
     load_episode_function(config.agent)  # --custom-generate-function-path / --custom-agent-function-path
     check_monitoring(config)  # --use-wandb / --use-tensorboard import, --custom-rollout-log-function-path
@@ -272,33 +273,18 @@ def check_prompt_lengths(config: Config, flag: str, path: str, rows: list[dict],
         )
 
 
-def check_dynamic_sampling(config: Config, world_size: int) -> None:
-    """`--dynamic-sampling-filter-path` imports a plain function, and the run has one rank (its ranks
-    would otherwise have to agree on the groups they keep: rollout/dynamic_path.py).
+def check_dynamic_sampling(config: Config) -> None:
+    """`--dynamic-sampling-filter-path` imports a plain function (on any number of ranks: rank 0 fills
+    every rollout and sends it to the others, rollout/dynamic_path.py).
 
     Raises:
-        ValueError: naming the flag (from `rollout.filters.load_filter`), or more than one rank.
+        ValueError: naming the flag (from `rollout.filters.load_filter`).
     """
-    from grpolab.rollout.filters import FLAG, load_filter
+    from grpolab.rollout.filters import load_filter
 
     path = config.dynamic_sampling.dynamic_sampling_filter_path
-    if path is None:
-        return
-    if world_size > 1:
-        raise ValueError(f"{FLAG} runs on one rank: {world_size} ranks would have to agree on the groups they "
-                         "keep (drop --nproc-per-node)")  # fmt: skip
-    load_filter(path)
-
-
-def check_rank_rules(config: Config, world_size: int) -> None:
-    """What only runs on one rank or needs a trainer: `check_dynamic_sampling` and `check_fault_tolerance`
-    (also checked by `grpolab estimate memory`, which launches nothing).
-
-    Raises:
-        ValueError: naming the flag and why.
-    """
-    check_dynamic_sampling(config, world_size)
-    check_fault_tolerance(config, world_size)
+    if path is not None:
+        load_filter(path)
 
 
 def check_fault_tolerance(config: Config, world_size: int) -> None:

@@ -134,7 +134,6 @@ def test_a_broken_filter_fails_the_run_naming_it(tmp_path: Path, name: str, mess
          "--over-sampling-batch-size 3 must be >= --rollout-batch-size 4"),
         (["--over-sampling-batch-size", "8"], "--over-sampling-batch-size needs --dynamic-sampling-filter-path"),
         (["--dynamic-sampling-filter-path", NONZERO, "--max-refill-rounds", "0"], "--max-refill-rounds must be >= 1"),
-        (["--dynamic-sampling-filter-path", NONZERO, "--nproc-per-node", "2"], "runs on one rank: 2 ranks"),
     ],
 )  # fmt: skip
 def test_dynamic_sampling_bad_input_exits_2(tmp_path: Path, capsys, extra: list[str], message: str) -> None:

@@ -145,6 +145,36 @@ def test_two_rank_checkpoint_resumes_bitwise_with_per_rank_hashes(recorded: Path
     assert metrics(recorded / "resumed2", "step")[0] == metrics(recorded / "full2", "step")[2]
 
 
+def test_dynamic_sampling_on_two_ranks_is_the_one_rank_run(recorded: Path) -> None:
+    """Rank 0 fills each rollout (its rounds, the filter's verdicts, the ledger) and sends it to rank 1: the
+    rollouts, the ledger and (det backend) the training equal the one-rank run's."""
+    common = [*SMALL, "--num-rollout", "2", "--dynamic-sampling-filter-path",
+              "grpolab.rollout.filters.check_reward_nonzero_std", "--over-sampling-batch-size", "6",
+              "--debug-deterministic-collective", "--micro-batch-size", "8", "--ci-save-model-hash"]  # fmt: skip
+    one = grpolab("train", *common, "--run-dir", str(recorded / "dyn1"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = grpolab("train", "--nproc-per-node", "2", *common, "--run-dir", str(recorded / "dyn2"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    rollouts = metrics(recorded / "dyn2", "rollout")
+    assert rollouts == metrics(recorded / "dyn1", "rollout")
+    assert all(r["rollout/ledger/kept_groups"] == 4 for r in rollouts)
+    assert sum(r["rollout/ledger/generated_groups"] for r in rollouts) >= 12  # a round is 6 groups
+
+    def ledgers(run: str) -> list[dict]:
+        rows = [json.loads(line) for line in (recorded / run / "events.jsonl").read_text().splitlines()]
+        return [
+            {k: v for k, v in e.items() if k not in ("time", "t")} for e in rows if e["event"] == "ledger"
+        ]
+
+    assert ledgers("dyn2") == ledgers("dyn1") and len(ledgers("dyn1")) == 2
+    for a, b in zip(metrics(recorded / "dyn1", "step"), metrics(recorded / "dyn2", "step"), strict=True):
+        assert {k: v for k, v in a.items() if k != "train/grad_norm"} == {
+            k: v for k, v in b.items() if k != "train/grad_norm"
+        }
+    h1 = json.loads((recorded / "dyn1" / "checks" / "model_hash_final.json").read_text())
+    assert h1 == json.loads((recorded / "dyn2" / "checks" / "model_hash_final.json").read_text())
+
+
 def test_crash_before_allreduce_on_one_rank_ends_the_world(recorded: Path) -> None:
     actions = '[{"at_rollout": 1, "action": "crash_before_allreduce", "rank": 1}]'
     out = grpolab(
