@@ -68,13 +68,14 @@ async def open_session(state: ServerState, request: Request) -> Response:
     request, not N). 400 naming any other field or a count that is not an integer >= 1; 503 when the
     sessions would pass `MAX_SESSIONS` open."""
     body = await read_object(request, contract=False)
+    given = "count" in body
     count = body.pop("count", None)
     if body:
         return error_response(
             f"POST /sessions takes only 'count', got {', '.join(map(repr, sorted(body)))} (send {{}}, no body "
             'or {"count": N}; sampling settings go with each turn\'s chat request)'
         )
-    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+    if given and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
         return error_response(f"POST /sessions 'count' must be an integer >= 1, got {count!r}")
     store = state.sessions
     if len(store) + (count or 1) > MAX_SESSIONS:

@@ -183,7 +183,7 @@ def test_open_takes_no_fields_and_wrong_methods_answer_json(server):
     assert all(
         server.call(f"/sessions/{sid}", method="GET").status == 200 for sid in many.body["session_ids"]
     )
-    for bad in (0, -1, 2.5, True, "3"):
+    for bad in (0, -1, 2.5, True, "3", None):
         ans = server.call("/sessions", {"count": bad})
         assert ans.status == 400 and "'count' must be an integer >= 1" in ans.body["error"]["message"], bad
     ans = server.call("/sessions", {"count": 5000})
